@@ -1,0 +1,39 @@
+"""Time as a parameter: everything time-dependent asks a ``Clock``, so tests can move it."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from typing import Protocol
+
+
+class Clock(Protocol):
+    """**Protocol:** wall-clock time for leases, scans and ``ctx.now()``.
+
+    ``sleep`` is part of the clock so that a fake clock can make a back-off pass instantly.
+    """
+
+    def now(self) -> datetime:
+        """The current time, timezone-aware UTC."""
+        ...
+
+    async def sleep(self, seconds: float) -> None:
+        """Wait ``seconds`` of this clock's time."""
+        ...
+
+
+class SystemClock:
+    """The real clock."""
+
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+def utc(moment: datetime) -> datetime:
+    """Refuse naive datetimes: a naive time is a bug waiting for a server in another zone."""
+    if moment.tzinfo is None:
+        raise ValueError("naive datetime: pass a timezone-aware UTC datetime")
+    return moment.astimezone(UTC)

@@ -1,0 +1,6 @@
+"""The step loop. Pure: it knows plans and the store protocols, and does no I/O of its own."""
+
+from flowx.engine.context import StepContext
+from flowx.engine.runner import Committer, Execution, RunResult, error_payload
+
+__all__ = ["Committer", "Execution", "RunResult", "StepContext", "error_payload"]

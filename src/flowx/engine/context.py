@@ -1,0 +1,92 @@
+"""``StepContext``: what a capability sees of the flow it runs in.
+
+Clock, ids and randomness go through the context so they can be captured (R2.5): each value a
+step draws is recorded on that attempt's journal row, and a later attempt of the same step
+draws the recorded values first, in order — so a retried payment uses the reference its first
+try generated. A value drawn by an attempt that crashed before its commit was never recorded;
+the re-execution draws fresh ones.
+"""
+
+from __future__ import annotations
+
+import random as _random
+import threading
+import uuid as _uuid
+from datetime import datetime
+from typing import Any
+
+from flowx.clock import Clock
+
+_KINDS = ("now", "uuid", "random")
+
+
+class StepContext:
+    """Passed as the first argument to every capability."""
+
+    def __init__(
+        self,
+        *,
+        instance_id: str,
+        flow_id: str,
+        flow_version: str,
+        scope: str,
+        step_id: int,
+        step_name: str,
+        attempt: int,
+        clock: Clock,
+        recorded: dict[str, list[Any]] | None = None,
+        step_result: Any = None,
+        compensating: bool = False,
+    ) -> None:
+        self.instance_id = instance_id
+        self.flow_id = flow_id
+        self.flow_version = flow_version
+        self.scope = scope
+        self.step_id = step_id
+        self.step_name = step_name
+        self.attempt = attempt
+        #: In a compensation: the result the compensated step returned (decoded JSON).
+        self.step_result = step_result
+        self.compensating = compensating
+        self._clock = clock
+        self._replay = {k: list((recorded or {}).get(k, ())) for k in _KINDS}
+        self._drawn: dict[str, list[Any]] = {k: [] for k in _KINDS}
+        self._lock = threading.Lock()  # a plain-def capability runs on a worker thread
+
+    @property
+    def idempotency_key(self) -> str:
+        """Stable across every re-execution and retry of this step of this instance (R2.5).
+
+        Pass it to whatever performs the effect (a payment gateway's Idempotency-Key header)
+        so that a re-execution after a crash is recognised downstream. A compensation has a
+        key of its own.
+        """
+        suffix = ":compensate" if self.compensating else ""
+        return f"{self.instance_id}/{self.scope}/{self.step_id}{suffix}"
+
+    def _draw(self, kind: str, fresh: Any) -> Any:
+        with self._lock:
+            queue = self._replay[kind]
+            value = queue.pop(0) if queue else fresh
+            self._drawn[kind].append(value)
+            return value
+
+    def now(self) -> datetime:
+        """The current time, captured: a retry of this step sees the same instants first."""
+        text = self._draw("now", self._clock.now().isoformat())
+        return datetime.fromisoformat(text)
+
+    def uuid(self) -> _uuid.UUID:
+        """A random UUID, captured."""
+        return _uuid.UUID(self._draw("uuid", str(_uuid.uuid4())))
+
+    def random(self) -> float:
+        """A float in [0, 1), captured."""
+        value: float = self._draw("random", _random.random())
+        return value
+
+    def drawn(self) -> dict[str, list[Any]] | None:
+        """What this attempt drew, for its journal row; ``None`` if nothing."""
+        with self._lock:
+            used = {k: list(v) for k, v in self._drawn.items() if v}
+        return used or None

@@ -1,0 +1,141 @@
+"""The root of every error FlowX raises.
+
+Callers never have to catch a driver's exception (sqlite3, psycopg, redis): each backend
+translates at its seam. Every error carries the facts that explain it as attributes, and a
+``code`` a program can branch on, so a message can change without breaking anyone.
+"""
+
+from __future__ import annotations
+
+
+class FlowXError(Exception):
+    """Base class of every FlowX error.
+
+    ``code`` is stable and machine-readable; the message says what was wrong and what to do.
+    ``retryable`` tells a caller (or an HTTP layer mapping it to 503) that the same call may
+    succeed later without any change on its side.
+    """
+
+    code: str = "flowx.error"
+    retryable: bool = False
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class PlanError(FlowXError):
+    """A flow definition that cannot run, found when the plan is built (R2.12).
+
+    ``code`` is a ``FLOWX`` diagnostic id (``FLOWX1017``) and the message names the fix.
+    """
+
+    def __init__(self, code: str, message: str, *, flow_id: str | None = None) -> None:
+        super().__init__(f"{code}: {message}", code=code)
+        self.flow_id = flow_id
+
+
+class DurabilityNotConfigured(FlowXError):
+    """A Durable flow was started on a host that has no journal (R2.9).
+
+    Running it ephemerally instead would silently drop the guarantee the author asked for.
+    """
+
+    code = "flow.durability_not_configured"
+
+
+class FlowNotFound(FlowXError):
+    """The flow id (or the version an instance is pinned to) is not registered on this host."""
+
+    code = "flow.not_found"
+
+    def __init__(self, flow_id: str, version: str | None, known: list[str]) -> None:
+        what = f"{flow_id}@{version}" if version else flow_id
+        listing = ", ".join(sorted(known)) or "none"
+        super().__init__(
+            f"flow {what!r} is not registered on this host (registered: {listing}); "
+            "pass it in FlowHost(flows=[...]) or start a worker that carries it"
+        )
+        self.flow_id = flow_id
+        self.version = version
+
+
+class InputInvalid(FlowXError):
+    """A flow input (or signal payload) does not validate against its declared model."""
+
+    code = "flow.input_invalid"
+
+    def __init__(self, flow_id: str, detail: str) -> None:
+        super().__init__(f"input for flow {flow_id!r} is invalid: {detail}")
+        self.flow_id = flow_id
+        self.detail = detail
+
+
+class SerialisationError(FlowXError):
+    """A value cannot be written as canonical JSON (NaN, an object with no JSON form, ...)."""
+
+    code = "flowx.not_serialisable"
+
+
+class NonDeterminismError(FlowXError):
+    """The journal of an instance does not match the plan it is being replayed against.
+
+    Raised instead of guessing: a row recorded for step 3 named ``reserve`` that the plan now
+    calls ``capture`` means the flow changed under a running instance (R2.6, R2.8).
+    """
+
+    code = "flow.nondeterminism"
+
+
+class IdempotencyConflict(FlowXError):
+    """An idempotency key was reused for a different flow or a different input (R4.1)."""
+
+    code = "flow.idempotency_conflict"
+
+
+class SettingsError(FlowXError):
+    """A host setting is out of range; found at start-up rather than on the first request (R3.6)."""
+
+    code = "flowx.settings_invalid"
+
+
+class CapabilityNotFound(FlowXError):
+    """No registered capability matches the id and version a step asks for."""
+
+    code = "capability.not_found"
+
+
+class InstanceNotFound(FlowXError):
+    """No instance has that id in this journal."""
+
+    code = "instance.not_found"
+
+    def __init__(self, instance_id: str) -> None:
+        super().__init__(f"no flow instance {instance_id!r} in this journal")
+        self.instance_id = instance_id
+
+
+class FlowFailed(FlowXError):
+    """Raised by ``FlowHandle.result()`` for an instance that ended in a failure state."""
+
+    code = "flow.failed"
+
+    def __init__(self, instance_id: str, state: str, error: object) -> None:
+        super().__init__(f"flow instance {instance_id} ended {state}: {error}")
+        self.instance_id = instance_id
+        self.state = state
+        self.error = error
+
+
+class NonRetryableError(FlowXError):
+    """Raise from a capability to fail its step at once, without using up retries.
+
+    For errors no retry can fix: a card declined, an order that does not exist.
+    """
+
+    code = "step.non_retryable"

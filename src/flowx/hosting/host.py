@@ -1,0 +1,582 @@
+"""``FlowHost``: one node. It wires a backend into the engine and runs instances.
+
+It starts instances (lease first, R3.3), executes them in tasks, renews their leases, runs
+the recovery scan, and drains on exit: stop taking work, let in-flight steps finish within
+``shutdown_drain_timeout``, release every lease explicitly so a peer need not wait a TTL
+(R7.2).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Iterable
+from types import TracebackType
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from flowx import codec
+from flowx.capability import CapabilityRegistry, default_registry
+from flowx.clock import Clock, SystemClock
+from flowx.engine.runner import Execution, RunResult
+from flowx.errors import (
+    DurabilityNotConfigured,
+    FlowFailed,
+    FlowNotFound,
+    FlowXError,
+    IdempotencyConflict,
+    InputInvalid,
+    InstanceNotFound,
+    NonDeterminismError,
+)
+from flowx.hosting.lease import DurableLease
+from flowx.hosting.recovery import RecoveryScanResult, RecoveryService, ResumeVerdict
+from flowx.hosting.settings import HostSettings
+from flowx.plan.model import EmitNode, ForEachNode, Node, Plan, StepNode, walk
+from flowx.stores.errors import FencedOut, JournalUnavailable, UnknownInstance
+from flowx.stores.protocols import Stores
+from flowx.stores.records import (
+    EventWrite,
+    InstanceRecord,
+    InstanceState,
+    NewInstance,
+    RecoveryCandidate,
+    StepCommit,
+    StepRecord,
+    StepWrite,
+)
+
+log = logging.getLogger("flowx.host")
+
+#: Instance ids from idempotency keys are derived, so two racing starts contend for one lease.
+INSTANCE_NAMESPACE = uuid.UUID("b3c1f0d2-8a4e-4f6b-9c2d-1e7a5b9f3c40")
+
+S = TypeVar("S", bound=BaseModel)
+
+_EXECUTABLE = (StepNode, EmitNode, ForEachNode)
+
+
+def _unsupported(plan: Plan) -> Node | None:
+    return next((n for n in walk(plan.body) if not isinstance(n, _EXECUTABLE)), None)
+
+
+class FlowHandle(Generic[S]):
+    """A started instance. ``await handle.result()`` waits for it to end."""
+
+    def __init__(self, host: FlowHost, plan: Plan, instance_id: str, *, created: bool) -> None:
+        self._host = host
+        self.plan = plan
+        self.instance_id = instance_id
+        #: False when an idempotency key matched an instance that already existed (R4.1).
+        self.created = created
+
+    def __repr__(self) -> str:
+        return f"FlowHandle({self.plan.ref}, {self.instance_id})"
+
+    async def status(self) -> InstanceRecord:
+        return await self._host.get(self.instance_id)
+
+    async def result(self, *, timeout: float | None = None, poll: float = 0.1) -> Any:
+        """The final state of a Completed instance; raises ``FlowFailed`` for a failed one.
+
+        Waits on this node's own task when it runs the instance here, and otherwise watches
+        the journal, so a handle works whichever node finishes the instance.
+        """
+        return await asyncio.wait_for(self._result(poll), timeout)
+
+    async def _result(self, poll: float) -> Any:
+        ephemeral = self._host._ephemeral_results.get(self.instance_id)
+        if ephemeral is not None:
+            return self._host._finish(self.plan, self.instance_id, ephemeral)
+        task = self._host._tasks.get(self.instance_id)
+        if task is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(task)
+        while True:
+            record = await self._host.get(self.instance_id)
+            if record.state.terminal:
+                if record.state is InstanceState.COMPLETED:
+                    return self.plan.state_model.model_validate_json(record.state_bag)
+                raise FlowFailed(
+                    self.instance_id,
+                    record.state.value,
+                    codec.loads(record.error) if record.error else None,
+                )
+            await asyncio.sleep(poll)
+
+
+class _DurableCommitter:
+    """Binds the engine's commits to a journal, under a live lease's token (R2.4)."""
+
+    def __init__(self, host: FlowHost, instance_id: str, lease: DurableLease) -> None:
+        self._host = host
+        self._instance_id = instance_id
+        self._lease = lease
+
+    async def __call__(
+        self,
+        *,
+        step: StepWrite | None = None,
+        state_bag: str | None = None,
+        state: InstanceState | None = None,
+        error: str | None = None,
+        events: tuple[EventWrite, ...] = (),
+    ) -> None:
+        journal = self._host._require_stores().journal
+        await journal.commit(
+            StepCommit(
+                instance_id=self._instance_id,
+                token=self._lease.token,  # raises LeaseLost once the lease is not live
+                now=self._host.clock.now(),
+                step=step,
+                state_bag=state_bag,
+                state=state,
+                error=error,
+                events=events,
+            )
+        )
+
+
+class _EphemeralCommitter:
+    """Ephemeral runs commit to nothing: the same loop, no journal."""
+
+    async def __call__(
+        self,
+        *,
+        step: StepWrite | None = None,
+        state_bag: str | None = None,
+        state: InstanceState | None = None,
+        error: str | None = None,
+        events: tuple[EventWrite, ...] = (),
+    ) -> None:
+        return None
+
+
+class FlowHost:
+    """A FlowX node. Use as ``async with FlowHost(store=flowx.sqlite("flowx.db"), flows=[...])``.
+
+    ``store=None`` gives a host that runs only Ephemeral flows; starting a Durable one is then
+    refused with ``flow.durability_not_configured`` rather than run without a journal (R2.9).
+    """
+
+    def __init__(
+        self,
+        *,
+        store: Stores | None = None,
+        flows: Iterable[Plan] = (),
+        settings: HostSettings | None = None,
+        node_id: str | None = None,
+        clock: Clock | None = None,
+        registry: CapabilityRegistry | None = None,
+        recovery: bool = True,
+    ) -> None:
+        self.store = store
+        self.settings = settings if settings is not None else HostSettings.load()
+        self.node_id = node_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.clock: Clock = clock or SystemClock()
+        self.registry = registry or default_registry
+        self._plans: dict[tuple[str, str], Plan] = {}
+        self._latest: dict[str, Plan] = {}
+        for plan in flows:
+            self.register(plan)
+        self._run_recovery = recovery
+        self._tasks: dict[str, asyncio.Task[RunResult | None]] = {}
+        self._recovering: set[str] = set()
+        self._ephemeral_results: dict[str, RunResult] = {}
+        self._slots = asyncio.Semaphore(self.settings.max_concurrent_flows)
+        self._stop = asyncio.Event()
+        self._accepting = False
+        self._opened = False
+        self._recovery_task: asyncio.Task[None] | None = None
+        self.recovery = (
+            RecoveryService(
+                index=store.recovery,
+                settings=self.settings,
+                clock=self.clock,
+                in_flight=lambda: len(self._recovering),
+                resume=self._resume_candidate,
+            )
+            if store is not None
+            else None
+        )
+
+    # -- registration ----------------------------------------------------------------------
+
+    def register(self, plan: Plan) -> None:
+        """Carry ``plan`` on this node. Several versions of one flow may be carried at once."""
+        if not isinstance(plan, Plan):
+            raise FlowXError(
+                f"{plan!r} is not a built plan; call .build() on the flow definition",
+                code="flow.not_a_plan",
+            )
+        node = _unsupported(plan)
+        if node is not None:
+            raise FlowXError(
+                f"{plan.ref} uses {node.kind} ({node.name!r}), which this release of FlowX "
+                "declares but does not execute yet; remove it or run a release that does",
+                code="flow.construct_not_supported",
+            )
+        self._plans[(plan.flow_id, plan.version)] = plan
+        latest = self._latest.get(plan.flow_id)
+        if latest is None or _vkey(plan.version) > _vkey(latest.version):
+            self._latest[plan.flow_id] = plan
+
+    def plan(self, flow: Plan | str, version: str | None = None) -> Plan:
+        """The carried plan for a flow id (and version; the highest one by default)."""
+        if isinstance(flow, Plan):
+            version, flow = flow.version, flow.flow_id
+        found = self._plans.get((flow, version)) if version else self._latest.get(flow)
+        if found is None:
+            raise FlowNotFound(flow, version, [p.ref for p in self._plans.values()])
+        return found
+
+    def carries(self, flow_id: str, version: str) -> bool:
+        return (flow_id, version) in self._plans
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def __aenter__(self) -> FlowHost:
+        await self.open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.drain()
+
+    async def open(self) -> None:
+        """Connect the stores (migrating them) and start the recovery scan."""
+        if self._opened:
+            return
+        if self.store is not None:
+            await self.store.open()
+            if self._run_recovery and self.recovery is not None:
+                self._recovery_task = asyncio.get_running_loop().create_task(
+                    self.recovery.run_forever(self._stop), name="flowx-recovery"
+                )
+        self._opened = True
+        self._accepting = True
+
+    async def drain(self, timeout: float | None = None) -> None:
+        """Stop accepting work, let in-flight instances finish, release every lease (R7.2).
+
+        Instances still running when the budget ends are cancelled — not failed: cancelling
+        a step is not a failure, so nothing compensates — and their leases are released, so
+        a peer resumes them at once from their last commit.
+        """
+        self._accepting = False
+        self._stop.set()
+        if self._recovery_task is not None:
+            self._recovery_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._recovery_task
+        budget = self.settings.shutdown_drain_timeout.total_seconds() if timeout is None else timeout
+        tasks = list(self._tasks.values())
+        if tasks:
+            _done, pending = await asyncio.wait(tasks, timeout=budget)
+            for task in pending:
+                task.cancel()
+            if pending:
+                log.warning("drain: %d instance(s) still running after %.1fs; cancelled, "
+                            "leases released", len(pending), budget)
+                await asyncio.gather(*pending, return_exceptions=True)
+        if self.store is not None and self._opened:
+            await self.store.close()
+        self._opened = False
+
+    def _require_stores(self) -> Stores:
+        if self.store is None:
+            raise DurabilityNotConfigured(
+                "this host has no journal, so it cannot run a Durable flow; pass "
+                "store=flowx.sqlite('flowx.db') to FlowHost, or declare the flow "
+                "profile=flowx.Ephemeral if losing it on a crash is acceptable"
+            )
+        return self.store
+
+    def _require_accepting(self) -> None:
+        if not self._opened:
+            raise FlowXError("the host is not open; use `async with FlowHost(...)`",
+                             code="host.not_open")
+        if not self._accepting:
+            raise FlowXError("the host is draining and accepts no new work",
+                             code="host.draining")
+
+    # -- starting --------------------------------------------------------------------------
+
+    def _validate_input(self, plan: Plan, value: Any) -> BaseModel:
+        if isinstance(value, plan.input_model):
+            return value
+        try:
+            if isinstance(value, str | bytes):
+                return plan.input_model.model_validate_json(value)
+            return plan.input_model.model_validate(value)
+        except ValidationError as exc:
+            details = "; ".join(
+                f"field '{'.'.join(str(p) for p in e['loc']) or '(root)'}': {e['msg']}"
+                for e in exc.errors()
+            )
+            raise InputInvalid(plan.flow_id, details) from exc
+
+    async def start(
+        self,
+        flow: Plan | str,
+        input: Any,
+        *,
+        version: str | None = None,
+        idempotency_key: str | None = None,
+        correlation_id: str | None = None,
+        run_here: bool = True,
+    ) -> FlowHandle[Any]:
+        """Start an instance; it is durable once this returns.
+
+        A repeated ``idempotency_key`` returns the instance it started the first time, and
+        starts nothing (R4.1); reusing it for another input raises ``IdempotencyConflict``.
+        ``run_here=False`` leaves the instance ``Pending`` for any worker to pick up.
+        """
+        self._require_accepting()
+        plan = self.plan(flow, version)
+        value = self._validate_input(plan, input)
+        input_text = codec.dumps(value)
+        if not plan.durable:
+            return await self._start_ephemeral(plan, value)
+        stores = self._require_stores()
+        if idempotency_key is not None:
+            existing = await stores.journal.find_by_key(plan.flow_id, idempotency_key)
+            if existing is not None:
+                return self._existing(plan, existing, input_text)
+            instance_id = str(
+                uuid.uuid5(INSTANCE_NAMESPACE, f"{plan.flow_id}\x00{idempotency_key}")
+            )
+        else:
+            instance_id = str(uuid.uuid4())
+        ttl = self.settings.lease_ttl
+        sent = time.monotonic()
+        lease = await stores.leases.acquire(
+            instance_id, owner=self.node_id, ttl=ttl, now=self.clock.now()
+        )
+        if lease is None:
+            # Another start with the same key holds the lease: its row is a moment away.
+            for _ in range(50):
+                existing = await stores.journal.get(instance_id)
+                if existing is not None:
+                    return self._existing(plan, existing, input_text)
+                await asyncio.sleep(0.05)
+            raise JournalUnavailable(
+                f"a concurrent start of {plan.flow_id} with key {idempotency_key!r} holds the "
+                "lease but has not written the instance; retry"
+            )
+        durable = DurableLease(
+            stores.leases, lease, ttl=ttl, renew_every=self.settings.renewal_interval,
+            clock=self.clock, acquired_at_monotonic=sent,
+        )
+        now = self.clock.now()
+        tenant = plan.partition_key(value) if plan.partition_key is not None else None
+        try:
+            created = await stores.journal.create(
+                NewInstance(
+                    instance_id=instance_id,
+                    flow_id=plan.flow_id,
+                    flow_version=plan.version,
+                    input=input_text,
+                    state_bag=codec.dumps(plan.state_model()),
+                    state=InstanceState.RUNNING if run_here else InstanceState.PENDING,
+                    tenant_id=None if tenant is None else str(tenant),
+                    idempotency_key=idempotency_key,
+                    correlation_id=correlation_id,
+                    deadline_at=now + plan.deadline if plan.deadline else None,
+                    codec_version=codec.CODEC_VERSION,
+                ),
+                token=lease.token,
+                now=now,
+            )
+        except BaseException:
+            await durable.release()
+            raise
+        if not created.created:
+            await durable.release()
+            return self._existing(plan, created.instance, input_text)
+        if not run_here:
+            await durable.release()
+            return FlowHandle(self, plan, instance_id, created=True)
+        self._spawn(plan, created.instance, (), durable)
+        return FlowHandle(self, plan, instance_id, created=True)
+
+    def _existing(self, plan: Plan, record: InstanceRecord, input_text: str) -> FlowHandle[Any]:
+        if record.flow_id != plan.flow_id or record.input != input_text:
+            raise IdempotencyConflict(
+                f"idempotency key {record.idempotency_key!r} already started instance "
+                f"{record.instance_id} of {record.flow_id} with a different input; use a new "
+                "key for a different request"
+            )
+        return FlowHandle(self, self.plan(record.flow_id, record.flow_version),
+                          record.instance_id, created=False)
+
+    async def _start_ephemeral(self, plan: Plan, value: BaseModel) -> FlowHandle[Any]:
+        instance_id = str(uuid.uuid4())
+        execution = Execution(
+            plan=plan, instance_id=instance_id, input_value=value,
+            committer=_EphemeralCommitter(), clock=self.clock, registry=self.registry,
+        )
+        self._ephemeral_results[instance_id] = await execution.run()
+        return FlowHandle(self, plan, instance_id, created=True)
+
+    def _finish(self, plan: Plan, instance_id: str, result: RunResult) -> Any:
+        if result.outcome == "completed":
+            return plan.state_model.model_validate_json(result.state_bag)
+        raise FlowFailed(instance_id, result.outcome, result.error)
+
+    # -- running ---------------------------------------------------------------------------
+
+    def _spawn(
+        self,
+        plan: Plan,
+        record: InstanceRecord,
+        history: tuple[StepRecord, ...],
+        lease: DurableLease,
+        *,
+        recovering: bool = False,
+    ) -> None:
+        lease.start()
+        if recovering:
+            self._recovering.add(record.instance_id)
+        task = asyncio.get_running_loop().create_task(
+            self._execute(plan, record, history, lease), name=f"flowx-{record.instance_id}"
+        )
+        self._tasks[record.instance_id] = task
+
+        def done(t: asyncio.Task[RunResult | None], iid: str = record.instance_id) -> None:
+            if self._tasks.get(iid) is t:
+                del self._tasks[iid]
+            self._recovering.discard(iid)
+
+        task.add_done_callback(done)
+
+    async def _execute(
+        self,
+        plan: Plan,
+        record: InstanceRecord,
+        history: tuple[StepRecord, ...],
+        lease: DurableLease,
+    ) -> RunResult | None:
+        try:
+            async with self._slots:
+                execution = Execution(
+                    plan=plan,
+                    instance_id=record.instance_id,
+                    input_value=plan.input_model.model_validate_json(record.input),
+                    committer=_DurableCommitter(self, record.instance_id, lease),
+                    clock=self.clock,
+                    history=history,
+                    resume_count=record.resume_count,
+                    max_resumes=self.settings.max_resumes_without_progress,
+                    tenant_id=record.tenant_id,
+                    registry=self.registry,
+                )
+                result = await execution.run()
+                log.debug("instance %s: %s", record.instance_id, result.outcome)
+                return result
+        except NonDeterminismError as exc:
+            log.error("instance %s cannot be resumed on this node: %s", record.instance_id, exc)
+        except JournalUnavailable as exc:
+            # A failed commit may have committed: re-read before re-executing anything. The
+            # lease is released below, so recovery (here or on a peer) re-opens the instance
+            # from what the journal really holds.
+            log.warning("instance %s: journal unavailable mid-run (%s); left for recovery",
+                        record.instance_id, exc)
+        except FlowXError as exc:
+            log.error("instance %s stopped: %s", record.instance_id, exc)
+        except Exception:
+            log.exception("instance %s stopped by an unexpected error", record.instance_id)
+        finally:
+            await lease.release()
+        return None
+
+    async def _resume_candidate(self, candidate: RecoveryCandidate) -> ResumeVerdict:
+        if not self.carries(candidate.flow_id, candidate.flow_version):
+            return "not_runnable"  # R7.3: leave it for a node that carries the version
+        if candidate.instance_id in self._tasks or not self._accepting:
+            return "lost_race"
+        return await self.resume(candidate.instance_id)
+
+    async def resume(self, instance_id: str) -> ResumeVerdict:
+        """Take over an instance and run it from its last commit. Losing the race is a skip."""
+        stores = self._require_stores()
+        record = await stores.journal.get(instance_id)
+        if record is None:
+            return "gone"
+        if record.state.terminal:
+            return "gone"
+        if not self.carries(record.flow_id, record.flow_version):
+            return "not_runnable"
+        plan = self.plan(record.flow_id, record.flow_version)
+        ttl = self.settings.lease_ttl
+        sent = time.monotonic()
+        lease = await stores.leases.acquire(
+            instance_id, owner=self.node_id, ttl=ttl, now=self.clock.now(), floor=record.fence
+        )
+        if lease is None:
+            return "lost_race"
+        durable = DurableLease(
+            stores.leases, lease, ttl=ttl, renew_every=self.settings.renewal_interval,
+            clock=self.clock, acquired_at_monotonic=sent,
+        )
+        try:
+            history = await stores.journal.open(instance_id, token=lease.token,
+                                                now=self.clock.now())
+        except (FencedOut, UnknownInstance):
+            await durable.release()
+            return "lost_race"
+        except BaseException:
+            await durable.release()
+            raise
+        if history.instance.state.terminal:
+            await durable.release()
+            return "gone"
+        self._spawn(plan, history.instance, history.steps, durable, recovering=True)
+        return "resumed"
+
+    async def recover_once(self) -> RecoveryScanResult:
+        """One recovery sweep now (tests and `flowx` tooling drive it directly)."""
+        if self.recovery is None:
+            self._require_stores()
+            raise AssertionError("unreachable")
+        return await self.recovery.run_once()
+
+    # -- reading ---------------------------------------------------------------------------
+
+    async def get(self, instance_id: str) -> InstanceRecord:
+        record = await self._require_stores().journal.get(instance_id)
+        if record is None:
+            raise InstanceNotFound(instance_id)
+        return record
+
+    def handle(self, instance_id: str, flow: Plan | str, version: str | None = None
+               ) -> FlowHandle[Any]:
+        return FlowHandle(self, self.plan(flow, version), instance_id, created=False)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._tasks)
+
+    async def wait_idle(self, timeout: float | None = None) -> None:
+        """Wait until no instance runs on this node (for tests and the demo)."""
+        async def idle() -> None:
+            while self._tasks:
+                await asyncio.gather(*list(self._tasks.values()), return_exceptions=True)
+        await asyncio.wait_for(idle(), timeout)
+
+
+def _vkey(version: str) -> tuple[int, ...]:
+    core = version.split("-")[0].split("+")[0]
+    return tuple(int(p) for p in core.split("."))
+
+

@@ -1,0 +1,109 @@
+"""Host settings, validated when the host starts rather than on the first request (R3.6).
+
+Precedence: constructor arguments > ``FLOWX_*`` environment variables > defaults. None of
+these is a safety setting — what stops a paused node from corrupting an instance is the fencing
+token, which no value here weakens — but bad values make recovery slow or noisy, so they are
+refused early with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+
+from flowx.durations import parse_duration
+from flowx.errors import SettingsError
+
+_DURATIONS = (
+    "lease_ttl",
+    "lease_renewal_interval",
+    "recovery_scan_interval",
+    "shutdown_drain_timeout",
+)
+
+
+class HostSettings(BaseModel):
+    """Every tunable of a node. Durations accept ``"30s"``, seconds, or a ``timedelta``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    lease_ttl: timedelta = timedelta(seconds=30)
+    #: ``None`` means a third of the TTL (R3.2).
+    lease_renewal_interval: timedelta | None = None
+    recovery_scan_interval: timedelta = timedelta(seconds=10)
+    #: The scan interval varies by ± this fraction, so a fleet started by one rollout does
+    #: not sweep in lockstep for ever.
+    recovery_scan_jitter: float = 0.25
+    recovery_scan_batch_size: int = 100
+    max_concurrent_recoveries: int = 32
+    max_concurrent_flows: int = 1_000
+    shutdown_drain_timeout: timedelta = timedelta(seconds=30)
+    #: Takeovers in a row without a step commit before the frontier step is failed as poison.
+    max_resumes_without_progress: int = 10
+
+    @field_validator(*_DURATIONS, mode="before")
+    @classmethod
+    def _duration(cls, value: Any, info: Any) -> Any:
+        if value is None:
+            return None
+        try:
+            return parse_duration(value, what=info.field_name)
+        except ValueError as exc:
+            raise ValueError(str(exc)) from exc
+
+    @model_validator(mode="after")
+    def _coherent(self) -> HostSettings:
+        ttl = self.lease_ttl.total_seconds()
+        if ttl < 1:
+            raise ValueError("lease_ttl must be at least 1s")
+        renew = self.renewal_interval.total_seconds()
+        if not 0 < renew <= ttl / 2:
+            raise ValueError(
+                f"lease_renewal_interval ({renew}s) must be above 0 and at most half of "
+                f"lease_ttl ({ttl}s), or a single late renewal loses the lease; the default "
+                "is a third"
+            )
+        if self.recovery_scan_interval.total_seconds() <= 0:
+            raise ValueError("recovery_scan_interval must be above 0")
+        if not 0 <= self.recovery_scan_jitter < 1:
+            raise ValueError("recovery_scan_jitter is a fraction in [0, 1)")
+        for name in (
+            "recovery_scan_batch_size",
+            "max_concurrent_recoveries",
+            "max_concurrent_flows",
+            "max_resumes_without_progress",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1")
+        return self
+
+    @property
+    def renewal_interval(self) -> timedelta:
+        return self.lease_renewal_interval or self.lease_ttl / 3
+
+    @classmethod
+    def load(cls, **overrides: Any) -> HostSettings:
+        """Build from ``FLOWX_<NAME>`` environment variables, then ``overrides``.
+
+        Raises ``SettingsError`` naming each bad setting and where it came from.
+        """
+        values: dict[str, Any] = {}
+        for name in cls.model_fields:
+            env = os.environ.get(f"FLOWX_{name.upper()}")
+            if env is not None and env != "":
+                values[name] = env
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        try:
+            return cls.model_validate(values)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg']}"
+                for e in exc.errors()
+            )
+            raise SettingsError(
+                f"invalid FlowX host settings ({problems}); fix the argument or the "
+                "FLOWX_* environment variable"
+            ) from exc

@@ -1,0 +1,53 @@
+"""Building stores from a URL: ``sqlite:///path/flowx.db``, ``memory://``.
+
+The store is one URL (``--db`` / ``FLOWX_DATABASE_URL``); a backend is imported only when its
+URL is used, so the embedded default needs no extra.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from flowx.errors import FlowXError
+from flowx.stores.memory import MemoryStores
+from flowx.stores.protocols import Stores
+from flowx.stores.sqlite import SqliteStores
+
+DEFAULT_URL = "sqlite:///flowx.db"
+
+
+def sqlite(path: str | Path = "flowx.db", *, migrate: bool = True) -> SqliteStores:
+    """The embedded default: one SQLite file as journal, lease store and recovery index."""
+    return SqliteStores(path, migrate=migrate)
+
+
+def memory() -> MemoryStores:
+    """An in-memory store for tests: this process only, keeps nothing."""
+    return MemoryStores()
+
+
+def from_url(url: str, *, migrate: bool = True) -> Stores:
+    """Build the stores a URL names; raise ``FlowXError`` saying which forms exist."""
+    if url.startswith("sqlite:///"):
+        path = url.removeprefix("sqlite:///")
+        if not path:
+            raise FlowXError("sqlite URL has no path; write sqlite:///flowx.db",
+                             code="store.bad_url")
+        return sqlite(path, migrate=migrate)
+    if url.startswith("sqlite://"):
+        raise FlowXError(
+            f"{url!r}: a sqlite URL has three slashes before a relative path "
+            "(sqlite:///flowx.db) and four before an absolute one (sqlite:////var/flowx.db)",
+            code="store.bad_url",
+        )
+    if url in ("memory://", "memory:"):
+        return memory()
+    if url.startswith(("postgres://", "postgresql://")):
+        raise FlowXError(
+            "the PostgreSQL store is not part of this release yet; use sqlite:///flowx.db",
+            code="store.not_available",
+        )
+    raise FlowXError(
+        f"unknown store URL {url!r}; use sqlite:///path/to/flowx.db or memory://",
+        code="store.bad_url",
+    )

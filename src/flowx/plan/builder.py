@@ -1,0 +1,509 @@
+"""The plan builder: ``flowx.flow(...).step(...).emit(...).build()``.
+
+The builder only records what the author wrote; ``build()`` numbers the nodes and checks the
+whole plan, so every mistake surfaces at registration time with a ``FLOWX`` code and the fix
+(R2.12), not halfway through a production instance.
+"""
+
+from __future__ import annotations
+
+import re
+import types
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from flowx.capability import Capability, CapabilityRegistry, capability_of, default_registry
+from flowx.durations import DurationLike, parse_duration
+from flowx.errors import CapabilityNotFound, PlanError
+from flowx.plan.events import contract_of
+from flowx.plan.model import (
+    DEFAULT_COMPENSATION_RETRY,
+    DEFAULT_STEP_RETRY,
+    NO_RETRY,
+    AwaitSignalNode,
+    EmitNode,
+    ForEachNode,
+    ForkNode,
+    NoState,
+    Node,
+    Plan,
+    Profile,
+    Retry,
+    Selector,
+    SleepNode,
+    StepNode,
+    SubFlowNode,
+)
+
+_FLOW_ID = re.compile(r"^[a-z0-9][a-z0-9_.\-]*$")
+_FLOW_VERSION = re.compile(r"^\d+(\.\d+){0,2}([-+][0-9A-Za-z.\-]+)?$")
+
+B = TypeVar("B", bound="Body")
+
+
+@dataclass(kw_only=True)
+class _Draft:
+    kind: str
+    name: str | None
+    args: dict[str, Any] = field(default_factory=dict)
+    bodies: list[list[_Draft]] = field(default_factory=list)
+
+
+class Body:
+    """The nodes of a flow body, or of a ``for_each`` / ``fork`` branch body."""
+
+    def __init__(self) -> None:
+        self._drafts: list[_Draft] = []
+
+    def step(
+        self: B,
+        target: Callable[..., Any] | Capability | str,
+        *,
+        name: str | None = None,
+        version: str | None = None,
+        into: str | None = None,
+        retry: Retry | None = None,
+        compensate: Callable[..., Any] | Capability | str | None = None,
+        compensate_retry: Retry | None = None,
+        argument: Selector | None = None,
+    ) -> B:
+        """Call a capability. Its argument is the flow input (the item, in a ``for_each``)
+        unless ``argument=lambda input, state: ...`` says otherwise; its result goes into the
+        state field ``into``. On a later failure, ``compensate`` runs with the same argument
+        and ``ctx.step_result`` set to this step's result."""
+        self._drafts.append(
+            _Draft(
+                kind="step",
+                name=name,
+                args={
+                    "target": target,
+                    "version": version,
+                    "into": into,
+                    "retry": retry,
+                    "compensate": compensate,
+                    "compensate_retry": compensate_retry,
+                    "argument": argument,
+                },
+            )
+        )
+        return self
+
+    def emit(
+        self: B,
+        event_type: type[BaseModel],
+        build: Selector,
+        *,
+        name: str | None = None,
+        partition_key: Selector | None = None,
+    ) -> B:
+        """Stage an event built by ``build(input, state)`` in the outbox, atomically with this
+        node's journal row."""
+        self._drafts.append(
+            _Draft(
+                kind="emit",
+                name=name,
+                args={"event_type": event_type, "build": build, "partition_key": partition_key},
+            )
+        )
+        return self
+
+    def for_each(
+        self: B,
+        name: str,
+        items: Selector,
+        body: Callable[[Body], Body],
+        *,
+        into: str | None = None,
+    ) -> B:
+        """Run ``body`` once for each of ``items(input, state)``; element ``i`` runs in scope
+        ``i``. ``into`` (a list field) collects each element's last result."""
+        inner = Body()
+        body(inner)
+        self._drafts.append(
+            _Draft(
+                kind="for_each",
+                name=name,
+                args={"items": items, "into": into},
+                bodies=[inner._drafts],
+            )
+        )
+        return self
+
+    def await_signal(
+        self: B,
+        signal: str,
+        payload_type: type[Any],
+        *,
+        timeout: DurationLike | None = None,
+        name: str | None = None,
+        into: str | None = None,
+    ) -> B:
+        """Suspend the instance until ``signal`` is delivered, or ``timeout`` passes."""
+        self._drafts.append(
+            _Draft(
+                kind="await_signal",
+                name=name or signal,
+                args={"signal": signal, "payload_type": payload_type, "timeout": timeout,
+                      "into": into},
+            )
+        )
+        return self
+
+    def sleep(self: B, duration: DurationLike, *, name: str | None = None) -> B:
+        """Park the instance durably for ``duration``; it holds no worker meanwhile."""
+        self._drafts.append(_Draft(kind="sleep", name=name, args={"duration": duration}))
+        return self
+
+    def sub_flow(
+        self: B,
+        plan: Plan,
+        input: Selector,
+        *,
+        name: str | None = None,
+        into: str | None = None,
+    ) -> B:
+        """Start ``plan`` as a child instance with ``input(input, state)`` and wait for it."""
+        self._drafts.append(
+            _Draft(kind="sub_flow", name=name, args={"plan": plan, "input": input,
+                                                      "into": into})
+        )
+        return self
+
+    def fork(self: B, name: str, *branches: Callable[[Body], Body]) -> B:
+        """Run the branches concurrently and continue when all have finished."""
+        bodies = []
+        for branch in branches:
+            inner = Body()
+            branch(inner)
+            bodies.append(inner._drafts)
+        self._drafts.append(_Draft(kind="fork", name=name, bodies=bodies))
+        return self
+
+
+InputT = TypeVar("InputT", bound=BaseModel)
+
+
+class FlowBuilder(Body, Generic[InputT]):
+    """A flow being defined. ``build()`` validates it and returns the ``Plan``."""
+
+    def __init__(
+        self,
+        flow_id: str,
+        *,
+        version: str,
+        input: type[InputT],
+        state: type[BaseModel] | None = None,
+        profile: Profile = Profile.DURABLE,
+        deadline: DurationLike | None = None,
+        partition_key: Callable[[InputT], str | None] | None = None,
+        registry: CapabilityRegistry | None = None,
+    ) -> None:
+        super().__init__()
+        self._flow_id = flow_id
+        self._version = version
+        self._input = input
+        self._state = state
+        self._profile = profile
+        self._deadline = deadline
+        self._partition_key = partition_key
+        self._registry = registry or default_registry
+
+    def build(self) -> Plan:
+        return _Compiler(self).compile()
+
+
+def flow(
+    flow_id: str,
+    *,
+    version: str,
+    input: type[InputT],
+    state: type[BaseModel] | None = None,
+    profile: Profile = Profile.DURABLE,
+    deadline: DurationLike | None = None,
+    partition_key: Callable[[InputT], str | None] | None = None,
+    registry: CapabilityRegistry | None = None,
+) -> FlowBuilder[InputT]:
+    """Start defining a flow. ``partition_key(input)`` becomes the instance's ``tenant_id``
+    (R2.7) and the default partition key of the events it emits."""
+    return FlowBuilder(
+        flow_id,
+        version=version,
+        input=input,
+        state=state,
+        profile=profile,
+        deadline=deadline,
+        partition_key=partition_key,
+        registry=registry,
+    )
+
+
+def _is_model(cls: object) -> bool:
+    return isinstance(cls, type) and issubclass(cls, BaseModel)
+
+
+def _is_list_annotation(annotation: Any) -> bool:
+    origin = typing.get_origin(annotation)
+    if origin is list or annotation is list:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_is_list_annotation(a) for a in typing.get_args(annotation))
+    return False
+
+
+class _Compiler:
+    def __init__(self, builder: FlowBuilder[Any]) -> None:
+        self.b = builder
+        self.next_id = 1
+        self.names: dict[str, int] = {}
+
+    def error(self, code: str, message: str) -> PlanError:
+        return PlanError(code, f"flow {self.b._flow_id!r}: {message}", flow_id=self.b._flow_id)
+
+    def compile(self) -> Plan:
+        b = self.b
+        if not _FLOW_ID.match(b._flow_id):
+            raise self.error(
+                "FLOWX1014",
+                "the flow id must be lower-case letters, digits, '.', '_' or '-' "
+                "(e.g. 'order.place')",
+            )
+        if not _FLOW_VERSION.match(b._version):
+            raise self.error(
+                "FLOWX1014", f"version {b._version!r} must look like '1', '1.2' or '1.2.3'"
+            )
+        if not _is_model(b._input):
+            raise self.error(
+                "FLOWX1007", "input= must be a pydantic BaseModel subclass describing the input"
+            )
+        if b._state is not None and not _is_model(b._state):
+            raise self.error("FLOWX1007", "state= must be a pydantic BaseModel subclass")
+        state_model = b._state or NoState
+        try:
+            state_model()
+        except ValidationError as exc:
+            raise self.error(
+                "FLOWX1006",
+                f"state model {state_model.__name__} must be constructible with no arguments "
+                f"(give every field a default): {exc.errors()[0]['loc']}",
+            ) from exc
+        deadline = None
+        if b._deadline is not None:
+            try:
+                deadline = parse_duration(b._deadline, what="deadline")
+            except ValueError as exc:
+                raise self.error("FLOWX1009", str(exc)) from exc
+        if not b._drafts:
+            raise self.error("FLOWX1001", "add at least one .step(...) before .build()")
+        body = self.nodes(b._drafts, state_model)
+        return Plan(
+            flow_id=b._flow_id,
+            version=b._version,
+            input_model=b._input,
+            state_model=state_model,
+            profile=b._profile,
+            body=body,
+            deadline=deadline,
+            partition_key=b._partition_key,
+        )
+
+    def nodes(self, drafts: list[_Draft], state_model: type[BaseModel]) -> tuple[Node, ...]:
+        return tuple(self.node(d, state_model) for d in drafts)
+
+    def claim(self, name: str) -> int:
+        if name in self.names:
+            raise self.error(
+                "FLOWX1003",
+                f"the name {name!r} is used by step {self.names[name]} and again by step "
+                f"{self.next_id}; pass name='...' to tell them apart",
+            )
+        step_id = self.next_id
+        self.names[name] = step_id
+        self.next_id += 1
+        return step_id
+
+    def check_into(self, into: str | None, state_model: type[BaseModel], where: str) -> None:
+        if into is None:
+            return
+        if state_model is NoState:
+            raise self.error(
+                "FLOWX1015", f"{where} has into={into!r} but the flow declares no state=; "
+                "add state=YourStateModel to flowx.flow(...)"
+            )
+        if into not in state_model.model_fields:
+            fields = ", ".join(state_model.model_fields) or "none"
+            raise self.error(
+                "FLOWX1004",
+                f"{where} has into={into!r}, which is not a field of {state_model.__name__} "
+                f"(fields: {fields}); add the field or fix the name",
+            )
+
+    def check_callable(self, value: object, what: str, where: str) -> None:
+        if value is not None and not callable(value):
+            raise self.error(
+                "FLOWX1016", f"{where}: {what} must be a function (input, state) -> value"
+            )
+
+    def capability(self, target: object, version: str | None, where: str, code: str) -> Capability:
+        cap = capability_of(target)
+        if cap is None and isinstance(target, str):
+            try:
+                cap = self.b._registry.resolve(target, version)
+            except CapabilityNotFound as exc:
+                raise self.error("FLOWX1018", f"{where}: {exc}") from exc
+        if cap is None:
+            raise self.error(
+                code,
+                f"{where}: {target!r} is not a capability; decorate it with "
+                "@flowx.capability('id', version='1.0.0') or pass a registered id",
+            )
+        return cap
+
+    def node(self, d: _Draft, state_model: type[BaseModel]) -> Node:
+        a = d.args
+        if d.kind == "step":
+            cap = self.capability(a["target"], a["version"], "step", "FLOWX1002")
+            name = d.name or cap.id
+            where = f"step {name!r}"
+            step_id = self.claim(name)
+            self.check_into(a["into"], state_model, where)
+            self.check_callable(a["argument"], "argument=", where)
+            retry: Retry = a["retry"] or (DEFAULT_STEP_RETRY if cap.idempotent else NO_RETRY)
+            if not cap.idempotent and retry.attempts > 1:
+                raise self.error(
+                    "FLOWX1008",
+                    f"{where} asks for {retry.attempts} attempts, but {cap.ref} is declared "
+                    "idempotent=False and is never retried automatically (R4.2); drop retry= "
+                    "or make the capability idempotent (pass ctx.idempotency_key on)",
+                )
+            comp = None
+            if a["compensate"] is not None:
+                comp = self.capability(a["compensate"], None, f"{where} compensate=", "FLOWX1005")
+            comp_retry: Retry = a["compensate_retry"] or DEFAULT_COMPENSATION_RETRY
+            if comp is not None and not comp.idempotent:
+                comp_retry = NO_RETRY
+            return StepNode(
+                step_id=step_id,
+                name=name,
+                capability=cap,
+                into=a["into"],
+                retry=retry,
+                compensate=comp,
+                compensate_retry=comp_retry,
+                argument=a["argument"],
+            )
+        if d.kind == "emit":
+            event_type = a["event_type"]
+            name = d.name or f"emit:{getattr(event_type, '__name__', event_type)}"
+            where = f"emit {name!r}"
+            if self.b._profile is Profile.EPHEMERAL:
+                raise self.error(
+                    "FLOWX1024",
+                    f"{where} is in an Ephemeral flow, which keeps no journal, so there is no "
+                    "transaction to stage the event in; make the flow Durable or publish from "
+                    "a capability",
+                )
+            if not _is_model(event_type) or contract_of(event_type) is None:
+                raise self.error(
+                    "FLOWX1024",
+                    f"{where}: {event_type!r} has no declared event contract; decorate a "
+                    "pydantic model with @flowx.event('type.name', version='1')",
+                )
+            self.check_callable(a["build"], "build", where)
+            self.check_callable(a["partition_key"], "partition_key=", where)
+            return EmitNode(
+                step_id=self.claim(name),
+                name=name,
+                event_type=event_type,
+                build=a["build"],
+                partition_key=a["partition_key"],
+            )
+        if d.kind == "for_each":
+            name = d.name or "for_each"
+            where = f"for_each {name!r}"
+            step_id = self.claim(name)
+            self.check_callable(a["items"], "items", where)
+            self.check_into(a["into"], state_model, where)
+            if a["into"] is not None and not _is_list_annotation(
+                state_model.model_fields[a["into"]].annotation
+            ):
+                raise self.error(
+                    "FLOWX1011", f"{where}: into={a['into']!r} must be a list field"
+                )
+            if not d.bodies[0]:
+                raise self.error("FLOWX1010", f"{where} has an empty body; add a step to it")
+            return ForEachNode(
+                step_id=step_id,
+                name=name,
+                items=a["items"],
+                body=self.nodes(d.bodies[0], state_model),
+                into=a["into"],
+            )
+        if d.kind in ("await_signal", "sleep"):
+            if self.b._profile is Profile.EPHEMERAL:
+                raise self.error(
+                    "FLOWX1017",
+                    f"{d.kind} {d.name or ''!s} is in an Ephemeral flow, which journals "
+                    "nothing, so nothing could wake it after a restart; make the flow Durable",
+                )
+            if d.kind == "sleep":
+                try:
+                    duration = parse_duration(a["duration"], what="sleep duration")
+                except ValueError as exc:
+                    raise self.error("FLOWX1009", str(exc)) from exc
+                name = d.name or f"sleep:{a['duration']}"
+                return SleepNode(step_id=self.claim(name), name=name, duration=duration)
+            name = d.name or a["signal"]
+            self.check_into(a["into"], state_model, f"await_signal {name!r}")
+            timeout = None
+            if a["timeout"] is not None:
+                try:
+                    timeout = parse_duration(a["timeout"], what="signal timeout")
+                except ValueError as exc:
+                    raise self.error("FLOWX1009", str(exc)) from exc
+            return AwaitSignalNode(
+                step_id=self.claim(name),
+                name=name,
+                signal=a["signal"],
+                payload_type=a["payload_type"],
+                timeout=timeout,
+                into=a["into"],
+            )
+        if d.kind == "sub_flow":
+            child = a["plan"]
+            if not isinstance(child, Plan):
+                raise self.error(
+                    "FLOWX1012", "sub_flow(plan=...) must be a built plan (call .build())"
+                )
+            name = d.name or f"sub_flow:{child.flow_id}"
+            where = f"sub_flow {name!r}"
+            self.check_callable(a["input"], "input", where)
+            self.check_into(a["into"], state_model, where)
+            return SubFlowNode(
+                step_id=self.claim(name),
+                name=name,
+                flow_id=child.flow_id,
+                flow_version=child.version,
+                input=a["input"],
+                into=a["into"],
+            )
+        if d.kind == "fork":
+            name = d.name or "fork"
+            step_id = self.claim(name)
+            if len(d.bodies) < 2:
+                raise self.error(
+                    "FLOWX1013", f"fork {name!r} has {len(d.bodies)} branch(es); give it two or "
+                    "more, or write the steps inline"
+                )
+            for i, branch in enumerate(d.bodies):
+                if not branch:
+                    raise self.error("FLOWX1010", f"fork {name!r} branch {i} is empty")
+            return ForkNode(
+                step_id=step_id,
+                name=name,
+                branches=tuple(self.nodes(branch, state_model) for branch in d.bodies),
+            )
+        raise AssertionError(d.kind)

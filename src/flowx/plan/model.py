@@ -1,0 +1,230 @@
+"""Plan nodes: what a built flow is made of. Static, immutable, numbered.
+
+Every node has a ``step_id`` — its position in a depth-first walk of the whole plan, starting
+at 1 — and a unique ``name``. Repetition (``for_each``) does not need new ids: a repeated body
+runs in a child *scope* (``'7'`` for the eighth element, ``'7/2'`` nested), and the journal key
+``(instance, scope, step_id, attempt)`` tells every execution apart. A fork's branches have
+distinct ids, so they run in their parent's scope.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from flowx.capability import Capability
+from flowx.durations import DurationLike, parse_duration
+
+
+class Profile(StrEnum):
+    """How much a flow keeps. Durable journals every step boundary; Ephemeral nothing."""
+
+    DURABLE = "Durable"
+    EPHEMERAL = "Ephemeral"
+
+
+Durable = Profile.DURABLE
+Ephemeral = Profile.EPHEMERAL
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Retry:
+    """How often a failed step is tried again, and how long to wait between tries.
+
+    ``attempts`` counts every try, the first included: ``Retry(attempts=1)`` never retries.
+    A capability declared ``idempotent=False`` is never retried whatever this says (R4.2).
+    """
+
+    attempts: int = 3
+    backoff: Literal["exponential", "fixed", "none"] = "exponential"
+    initial: DurationLike = "1s"
+    maximum: DurationLike = "5m"
+    multiplier: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ValueError("Retry(attempts=...) counts the first try: it must be at least 1")
+        if self.multiplier < 1:
+            raise ValueError("Retry(multiplier=...) must be at least 1")
+        parse_duration(self.initial, what="Retry(initial=...)")
+        parse_duration(self.maximum, what="Retry(maximum=...)")
+
+    def delay(self, failures: int) -> float:
+        """Seconds to wait after the ``failures``-th failure before the next try."""
+        if self.backoff == "none":
+            return 0.0
+        initial = parse_duration(self.initial).total_seconds()
+        cap = parse_duration(self.maximum).total_seconds()
+        if self.backoff == "fixed":
+            return min(initial, cap)
+        return float(min(initial * self.multiplier ** max(failures - 1, 0), cap))
+
+
+NO_RETRY = Retry(attempts=1, backoff="none")
+DEFAULT_STEP_RETRY = Retry(attempts=3)
+DEFAULT_COMPENSATION_RETRY = Retry(attempts=5)
+
+#: ``(flow_input, state) -> value``: how plan nodes compute what they need from a flow.
+Selector = Callable[[Any, Any], Any]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Node:
+    step_id: int
+    name: str
+
+    @property
+    def kind(self) -> str:
+        raise NotImplementedError
+
+    def children(self) -> tuple[tuple[Node, ...], ...]:
+        return ()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepNode(Node):
+    """Call a capability; put its result in the state field ``into``."""
+
+    capability: Capability
+    into: str | None = None
+    retry: Retry = DEFAULT_STEP_RETRY
+    compensate: Capability | None = None
+    compensate_retry: Retry = DEFAULT_COMPENSATION_RETRY
+    argument: Selector | None = field(default=None, compare=False)
+
+    @property
+    def kind(self) -> str:
+        return "step"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EmitNode(Node):
+    """Stage an event in the outbox, in this node's own commit (R5.1)."""
+
+    event_type: type[BaseModel]
+    build: Selector = field(compare=False)
+    partition_key: Selector | None = field(default=None, compare=False)
+
+    @property
+    def kind(self) -> str:
+        return "emit"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ForEachNode(Node):
+    """Run ``body`` once per item, element ``i`` in child scope ``i``."""
+
+    items: Selector = field(compare=False)
+    body: tuple[Node, ...]
+    into: str | None = None
+
+    @property
+    def kind(self) -> str:
+        return "for_each"
+
+    def children(self) -> tuple[tuple[Node, ...], ...]:
+        return (self.body,)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AwaitSignalNode(Node):
+    """Suspend until a named signal arrives (or ``timeout`` passes) (R2.10)."""
+
+    signal: str
+    payload_type: type[Any]
+    timeout: timedelta | None = None
+    into: str | None = None
+
+    @property
+    def kind(self) -> str:
+        return "await_signal"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SleepNode(Node):
+    """Park the instance durably for ``duration`` (R2.11)."""
+
+    duration: timedelta
+
+    @property
+    def kind(self) -> str:
+        return "sleep"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SubFlowNode(Node):
+    """Start a child flow as its own instance and wait for it."""
+
+    flow_id: str
+    flow_version: str
+    input: Selector = field(compare=False)
+    into: str | None = None
+
+    @property
+    def kind(self) -> str:
+        return "sub_flow"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ForkNode(Node):
+    """Run branches concurrently and join them."""
+
+    branches: tuple[tuple[Node, ...], ...]
+
+    @property
+    def kind(self) -> str:
+        return "fork"
+
+    def children(self) -> tuple[tuple[Node, ...], ...]:
+        return self.branches
+
+
+def walk(nodes: tuple[Node, ...]) -> Iterator[Node]:
+    """Every node, depth first, in ``step_id`` order."""
+    for node in nodes:
+        yield node
+        for child in node.children():
+            yield from walk(child)
+
+
+class NoState(BaseModel):
+    """The state model of a flow that declares none."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Plan:
+    """A built, validated flow. Create one with ``flowx.flow(...)...build()``."""
+
+    flow_id: str
+    version: str
+    input_model: type[BaseModel]
+    state_model: type[BaseModel]
+    profile: Profile
+    body: tuple[Node, ...]
+    deadline: timedelta | None = None
+    partition_key: Callable[[Any], str | None] | None = field(default=None, compare=False)
+
+    @property
+    def ref(self) -> str:
+        return f"{self.flow_id}@{self.version}"
+
+    @property
+    def durable(self) -> bool:
+        return self.profile is Profile.DURABLE
+
+    def nodes(self) -> list[Node]:
+        return list(walk(self.body))
+
+    def node(self, step_id: int) -> Node:
+        for n in walk(self.body):
+            if n.step_id == step_id:
+                return n
+        raise KeyError(step_id)
+
+    def node_named(self, name: str) -> Node | None:
+        return next((n for n in walk(self.body) if n.name == name), None)

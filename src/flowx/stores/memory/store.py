@@ -1,0 +1,270 @@
+"""An in-memory journal, lease store and recovery index, for tests of the engine.
+
+It keeps nothing across a process and is not shared between processes. It is held to the same
+conformance suite as every real store, so it cannot drift into a different meaning.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+from flowx.stores.errors import DuplicateStep, FencedOut, LeaseLost, UnknownInstance
+from flowx.stores.protocols import InstanceQuery
+from flowx.stores.records import (
+    ACTIVE_STATES,
+    CreateResult,
+    EventRecord,
+    History,
+    InstanceRecord,
+    InstanceState,
+    Lease,
+    NewInstance,
+    RecoveryCandidate,
+    StepCommit,
+    StepRecord,
+)
+
+
+class _Data:
+    def __init__(self) -> None:
+        self.instances: dict[str, InstanceRecord] = {}
+        self.keys: dict[tuple[str, str], str] = {}
+        self.steps: dict[str, list[StepRecord]] = {}
+        self.step_keys: set[tuple[str, str, int, int]] = set()
+        self.events: list[EventRecord] = []
+        self.leases: dict[str, Lease] = {}
+        self.staged_seq = 0
+
+
+class MemoryJournal:
+    """``FlowJournal`` over dicts. Each method is atomic because it never awaits midway."""
+
+    def __init__(self, data: _Data) -> None:
+        self._d = data
+
+    async def create(self, instance: NewInstance, *, token: int, now: datetime) -> CreateResult:
+        d = self._d
+        existing = d.instances.get(instance.instance_id)
+        if existing is None and instance.idempotency_key is not None:
+            key_owner = d.keys.get((instance.flow_id, instance.idempotency_key))
+            existing = d.instances.get(key_owner) if key_owner else None
+        if existing is not None:
+            return CreateResult(instance=existing, created=False)
+        record = InstanceRecord(
+            instance_id=instance.instance_id,
+            flow_id=instance.flow_id,
+            flow_version=instance.flow_version,
+            state=instance.state,
+            fence=token,
+            next_sequence=1,
+            input=instance.input,
+            state_bag=instance.state_bag,
+            state_bag_sequence=None,
+            error=None,
+            tenant_id=instance.tenant_id,
+            idempotency_key=instance.idempotency_key,
+            correlation_id=instance.correlation_id,
+            deadline_at=instance.deadline_at,
+            parent_instance_id=instance.parent_instance_id,
+            parent_scope=instance.parent_scope,
+            parent_step_id=instance.parent_step_id,
+            resume_count=0,
+            codec_version=instance.codec_version,
+            created_at=now,
+            updated_at=now,
+        )
+        d.instances[record.instance_id] = record
+        d.steps[record.instance_id] = []
+        if instance.idempotency_key is not None:
+            d.keys[(instance.flow_id, instance.idempotency_key)] = record.instance_id
+        return CreateResult(instance=record, created=True)
+
+    def _instance(self, instance_id: str) -> InstanceRecord:
+        record = self._d.instances.get(instance_id)
+        if record is None:
+            raise UnknownInstance(instance_id)
+        return record
+
+    async def open(self, instance_id: str, *, token: int, now: datetime) -> History:
+        record = self._instance(instance_id)
+        if token < record.fence:
+            raise FencedOut(instance_id, token, record.fence)
+        state = InstanceState.RUNNING if record.state is InstanceState.PENDING else record.state
+        record = dataclasses.replace(
+            record, fence=token, resume_count=record.resume_count + 1, state=state, updated_at=now
+        )
+        self._d.instances[instance_id] = record
+        return History(instance=record, steps=tuple(self._d.steps[instance_id]))
+
+    async def commit(self, commit: StepCommit) -> int | None:
+        d = self._d
+        record = self._instance(commit.instance_id)
+        if commit.token < record.fence:
+            raise FencedOut(commit.instance_id, commit.token, record.fence)
+        sequence: int | None = None
+        step = commit.step
+        if step is not None:
+            key = (commit.instance_id, step.scope, step.step_id, step.attempt)
+            if key in d.step_keys:
+                raise DuplicateStep(*key)
+            sequence = record.next_sequence
+        # Validation done: from here on nothing can fail, so the commit is all-or-nothing.
+        changes: dict[str, object] = {"updated_at": commit.now}
+        if step is not None and sequence is not None:
+            d.step_keys.add((commit.instance_id, step.scope, step.step_id, step.attempt))
+            d.steps[commit.instance_id].append(
+                StepRecord(
+                    instance_id=commit.instance_id,
+                    sequence=sequence,
+                    committed_at=commit.now,
+                    **{f.name: getattr(step, f.name) for f in dataclasses.fields(step)},
+                )
+            )
+            changes["next_sequence"] = sequence + 1
+            changes["resume_count"] = 0
+            for ordinal, event in enumerate(commit.events):
+                d.staged_seq += 1
+                d.events.append(
+                    EventRecord(
+                        event_id=event.event_id,
+                        instance_id=commit.instance_id,
+                        sequence=sequence,
+                        ordinal=ordinal,
+                        staged_seq=d.staged_seq,
+                        type=event.type,
+                        schema_version=event.schema_version,
+                        partition_key=event.partition_key,
+                        payload=event.payload,
+                        published_at=None,
+                    )
+                )
+        if commit.state_bag is not None:
+            changes["state_bag"] = commit.state_bag
+            if sequence is not None:
+                changes["state_bag_sequence"] = sequence
+        if commit.state is not None:
+            changes["state"] = commit.state
+        if commit.error is not None:
+            changes["error"] = commit.error
+        d.instances[commit.instance_id] = dataclasses.replace(record, **changes)  # type: ignore[arg-type]
+        return sequence
+
+    async def get(self, instance_id: str) -> InstanceRecord | None:
+        return self._d.instances.get(instance_id)
+
+    async def find_by_key(self, flow_id: str, idempotency_key: str) -> InstanceRecord | None:
+        owner = self._d.keys.get((flow_id, idempotency_key))
+        return self._d.instances.get(owner) if owner else None
+
+    async def steps(self, instance_id: str) -> Sequence[StepRecord]:
+        return tuple(self._d.steps.get(instance_id, ()))
+
+    async def events(self, instance_id: str) -> Sequence[EventRecord]:
+        return tuple(e for e in self._d.events if e.instance_id == instance_id)
+
+
+class MemoryLeaseStore:
+    """``LeaseStore`` over a dict. The row is replaced, never removed, so tokens never restart."""
+
+    def __init__(self, data: _Data) -> None:
+        self._d = data
+
+    async def acquire(
+        self, instance_id: str, *, owner: str, ttl: timedelta, now: datetime, floor: int = 0
+    ) -> Lease | None:
+        current = self._d.leases.get(instance_id)
+        if current is not None and current.expires_at > now:
+            return None
+        last = current.token if current is not None else 0
+        lease = Lease(
+            instance_id=instance_id, owner=owner, token=max(last, floor) + 1, expires_at=now + ttl
+        )
+        self._d.leases[instance_id] = lease
+        return lease
+
+    async def renew(self, lease: Lease, *, ttl: timedelta, now: datetime) -> Lease:
+        current = self._d.leases.get(lease.instance_id)
+        if current is None or current.token != lease.token:
+            raise LeaseLost(lease.instance_id, lease.token, "a newer lease was issued")
+        if current.expires_at <= now:
+            raise LeaseLost(lease.instance_id, lease.token, "it expired before renewal")
+        renewed = dataclasses.replace(current, expires_at=now + ttl)
+        self._d.leases[lease.instance_id] = renewed
+        return renewed
+
+    async def release(self, lease: Lease, *, now: datetime) -> None:
+        current = self._d.leases.get(lease.instance_id)
+        if current is not None and current.token == lease.token and current.expires_at > now:
+            self._d.leases[lease.instance_id] = dataclasses.replace(current, expires_at=now)
+
+    async def current(self, instance_id: str) -> Lease | None:
+        return self._d.leases.get(instance_id)
+
+
+class MemoryRecoveryIndex:
+    """``RecoveryIndex`` by a linear scan: fine for tests, which is all this store is for."""
+
+    def __init__(self, data: _Data) -> None:
+        self._d = data
+
+    async def find_abandoned(
+        self, *, now: datetime, idle_for: timedelta, limit: int, offset: int = 0
+    ) -> Sequence[RecoveryCandidate]:
+        cutoff = now - idle_for
+        found = [
+            r
+            for r in self._d.instances.values()
+            if r.state is InstanceState.PENDING
+            or (r.state in ACTIVE_STATES and r.updated_at < cutoff)
+        ]
+        found.sort(key=lambda r: (r.updated_at, r.instance_id))
+        return [
+            RecoveryCandidate(
+                instance_id=r.instance_id,
+                flow_id=r.flow_id,
+                flow_version=r.flow_version,
+                state=r.state,
+                updated_at=r.updated_at,
+            )
+            for r in found[offset : offset + limit]
+        ]
+
+
+class MemoryCatalog:
+    """``InstanceCatalog`` over the same dicts."""
+
+    def __init__(self, data: _Data) -> None:
+        self._d = data
+
+    async def list_instances(self, query: InstanceQuery) -> Sequence[InstanceRecord]:
+        rows = [
+            r
+            for r in self._d.instances.values()
+            if (query.flow_id is None or r.flow_id == query.flow_id)
+            and (query.state is None or r.state is query.state)
+            and (query.before is None or (r.created_at, r.instance_id) < query.before)
+        ]
+        rows.sort(key=lambda r: (r.created_at, r.instance_id), reverse=True)
+        return rows[: query.limit]
+
+
+class MemoryStores:
+    """All four roles over one shared in-memory data set."""
+
+    def __init__(self) -> None:
+        self._data = _Data()
+        self.journal = MemoryJournal(self._data)
+        self.leases = MemoryLeaseStore(self._data)
+        self.recovery = MemoryRecoveryIndex(self._data)
+        self.catalog = MemoryCatalog(self._data)
+
+    async def open(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    def describe(self) -> str:
+        return "memory (this process only; keeps nothing)"

@@ -1,0 +1,172 @@
+"""The store seam: small protocols, one per role (STYLE habit 7).
+
+The engine and the host speak only these. A backend (memory, SQLite, PostgreSQL, Redis)
+implements the roles it can serve and is held to ``flowx.testing.conformance``; a change to a
+protocol extends that suite in the same commit.
+
+Every time-dependent method takes ``now``: time is a parameter, so tests can move it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Protocol, runtime_checkable
+
+from flowx.stores.records import (
+    CreateResult,
+    EventRecord,
+    History,
+    InstanceRecord,
+    InstanceState,
+    Lease,
+    NewInstance,
+    RecoveryCandidate,
+    StepCommit,
+    StepRecord,
+)
+
+
+@runtime_checkable
+class FlowJournal(Protocol):
+    """**Protocol:** the append-only journal of instances and their step boundaries."""
+
+    async def create(self, instance: NewInstance, *, token: int, now: datetime) -> CreateResult:
+        """Insert the instance row with ``fence = token``.
+
+        If the instance id, or ``(flow_id, idempotency_key)``, already exists, write nothing
+        and return the existing row with ``created=False`` (R4.1).
+        """
+        ...
+
+    async def open(self, instance_id: str, *, token: int, now: datetime) -> History:
+        """Take over an instance: raise its fence to ``token`` and read its history.
+
+        One transaction: the fence rises before anything is read, so a zombie holding an older
+        token is refused from this moment on (R2.4). Refuses with ``FencedOut`` if ``token`` is
+        below the fence. Counts the takeover in ``resume_count`` (reset by every step commit),
+        which is how a step that kills its process is told apart from a crash.
+        Raises ``UnknownInstance`` if there is no such instance.
+        """
+        ...
+
+    async def commit(self, commit: StepCommit) -> int | None:
+        """Write one step boundary atomically, fenced (R2.3, R2.4).
+
+        Returns the ``sequence`` allocated to the step row (``None`` when there is no row).
+        Raises ``FencedOut`` (nothing written), ``DuplicateStep`` (nothing written),
+        ``UnknownInstance``, or ``JournalUnavailable`` (outcome unknown).
+        """
+        ...
+
+    async def get(self, instance_id: str) -> InstanceRecord | None:
+        """The instance row, or ``None``."""
+        ...
+
+    async def find_by_key(self, flow_id: str, idempotency_key: str) -> InstanceRecord | None:
+        """The instance started with this idempotency key, or ``None``."""
+        ...
+
+    async def steps(self, instance_id: str) -> Sequence[StepRecord]:
+        """Every committed step row of the instance, ordered by ``sequence``."""
+        ...
+
+    async def events(self, instance_id: str) -> Sequence[EventRecord]:
+        """Every outbox row the instance staged, in staging order."""
+        ...
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class InstanceQuery:
+    """A page of the instance list: newest first, keyset-paged by ``(created_at, id)``."""
+
+    limit: int = 50
+    flow_id: str | None = None
+    state: InstanceState | None = None
+    before: tuple[datetime, str] | None = None
+
+
+@runtime_checkable
+class InstanceCatalog(Protocol):
+    """**Protocol:** listing instances for operators (the CLI). Not on any hot path."""
+
+    async def list_instances(self, query: InstanceQuery) -> Sequence[InstanceRecord]:
+        """One page of instances, newest first."""
+        ...
+
+
+@runtime_checkable
+class LeaseStore(Protocol):
+    """**Protocol:** time-bounded exclusive ownership of one instance, with fencing tokens.
+
+    Tokens are monotonic per instance and never restart: release and expiry update the lease
+    row, they never delete it (R3.1).
+    """
+
+    async def acquire(
+        self, instance_id: str, *, owner: str, ttl: timedelta, now: datetime, floor: int = 0
+    ) -> Lease | None:
+        """Grant the lease if it is free or expired, with a token above every token issued
+        for this instance before *and* above ``floor``; ``None`` if another owner holds it.
+
+        ``floor`` is the journal's fence when the host knows it: a store that lost its
+        counters (Redis with no persistence) must still never issue a token at or below it.
+        A lease can be acquired before its instance exists.
+        """
+        ...
+
+    async def renew(self, lease: Lease, *, ttl: timedelta, now: datetime) -> Lease:
+        """Extend a live lease; raise ``LeaseLost`` if its token is no longer current or it
+        has expired."""
+        ...
+
+    async def release(self, lease: Lease, *, now: datetime) -> None:
+        """End the lease now if ``lease.token`` is still current. Idempotent; never deletes."""
+        ...
+
+    async def current(self, instance_id: str) -> Lease | None:
+        """The last lease issued for the instance, live or not (for operators and tests)."""
+        ...
+
+
+@runtime_checkable
+class RecoveryIndex(Protocol):
+    """**Protocol:** the scan that finds instances a dead node left behind (R3.4).
+
+    A class of its own rather than a journal method: a scan is not part of executing an
+    instance, and the type every durable write passes through need not carry it.
+    """
+
+    async def find_abandoned(
+        self, *, now: datetime, idle_for: timedelta, limit: int, offset: int = 0
+    ) -> Sequence[RecoveryCandidate]:
+        """One bounded page of candidates, oldest first, skipping ``offset`` rows.
+
+        A candidate is ``Pending`` (queued, nobody has started it), or ``Running`` /
+        ``Compensating`` with ``updated_at`` older than ``now - idle_for``. No instance appears
+        twice in a page. Whether it is really abandoned is settled by acquiring its lease.
+        """
+        ...
+
+
+@runtime_checkable
+class Stores(Protocol):
+    """**Protocol:** what a backend hands the host: its roles, plus lifecycle."""
+
+    journal: FlowJournal
+    leases: LeaseStore
+    recovery: RecoveryIndex
+    catalog: InstanceCatalog
+
+    async def open(self) -> None:
+        """Connect and bring the schema up to date (or refuse one the code does not know)."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections and threads."""
+        ...
+
+    def describe(self) -> str:
+        """A one-line description for logs and the CLI (no secrets)."""
+        ...

@@ -1,0 +1,223 @@
+"""The values that cross the store seam: rows as the journal keeps them, and writes.
+
+Frozen, keyword-only, slotted dataclasses. Payloads (input, state bag, results, events) are
+canonical JSON *text*, not parsed values: the store keeps them byte-for-byte as written (R2.1),
+and nothing below the engine needs to understand them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+
+
+class InstanceState(StrEnum):
+    """The states of ``flow_instance.state`` (the CHECK constraint lists the same values)."""
+
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUSPENDED = "Suspended"
+    COMPENSATING = "Compensating"
+    COMPLETED = "Completed"
+    FAILED = "Failed"
+    TIMED_OUT = "TimedOut"
+    COMPENSATION_FAILED = "CompensationFailed"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+
+TERMINAL_STATES = frozenset(
+    {
+        InstanceState.COMPLETED,
+        InstanceState.FAILED,
+        InstanceState.TIMED_OUT,
+        InstanceState.COMPENSATION_FAILED,
+    }
+)
+
+#: States a node may be executing; an instance in one of them that nothing has written to for
+#: a lease TTL is a recovery candidate (R3.4). Suspended is excluded: a waiting instance is
+#: woken by its signal or timer, not by the scan.
+ACTIVE_STATES = frozenset(
+    {InstanceState.PENDING, InstanceState.RUNNING, InstanceState.COMPENSATING}
+)
+
+
+class Outcome(StrEnum):
+    """What one ``flow_step`` row records."""
+
+    SUCCESS = "Success"
+    FAILURE = "Failure"
+    COMPENSATED = "Compensated"
+    COMPENSATION_FAILURE = "CompensationFailure"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NewInstance:
+    """Everything ``FlowJournal.create`` writes for a new instance."""
+
+    instance_id: str
+    flow_id: str
+    flow_version: str
+    input: str
+    state_bag: str
+    state: InstanceState = InstanceState.RUNNING
+    tenant_id: str | None = None
+    idempotency_key: str | None = None
+    correlation_id: str | None = None
+    deadline_at: datetime | None = None
+    parent_instance_id: str | None = None
+    parent_scope: str | None = None
+    parent_step_id: int | None = None
+    codec_version: int = 1
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class InstanceRecord:
+    """A ``flow_instance`` row as read back."""
+
+    instance_id: str
+    flow_id: str
+    flow_version: str
+    state: InstanceState
+    fence: int
+    next_sequence: int
+    input: str
+    state_bag: str
+    state_bag_sequence: int | None
+    error: str | None
+    tenant_id: str | None
+    idempotency_key: str | None
+    correlation_id: str | None
+    deadline_at: datetime | None
+    parent_instance_id: str | None
+    parent_scope: str | None
+    parent_step_id: int | None
+    resume_count: int
+    codec_version: int
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepWrite:
+    """One ``flow_step`` row to insert; the store allocates its ``sequence``."""
+
+    scope: str
+    step_id: int
+    attempt: int
+    step_name: str
+    outcome: Outcome
+    result: str
+    capability_id: str | None = None
+    capability_version: str | None = None
+    nondeterministic: str | None = None
+    duration_ms: int = 0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepRecord:
+    """A ``flow_step`` row as read back. Rows are never updated (R2.2)."""
+
+    instance_id: str
+    scope: str
+    step_id: int
+    attempt: int
+    sequence: int
+    step_name: str
+    outcome: Outcome
+    result: str
+    capability_id: str | None
+    capability_version: str | None
+    nondeterministic: str | None
+    duration_ms: int
+    committed_at: datetime
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EventWrite:
+    """An ``outbox_event`` row staged in the same transaction as its step (R2.3, R5.1)."""
+
+    event_id: str
+    type: str
+    schema_version: str
+    partition_key: str | None
+    payload: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepCommit:
+    """One step boundary: written atomically, under the fence, or not at all (R2.3, R2.4).
+
+    ``step`` is the journal row (``None`` for a pure state transition such as the final
+    ``Completed``). ``state_bag`` is the snapshot after this commit; with a ``step`` it becomes
+    the snapshot of that row's sequence. ``state`` moves the instance; ``error`` records why a
+    terminal failure happened.
+    """
+
+    instance_id: str
+    token: int
+    now: datetime
+    step: StepWrite | None = None
+    state_bag: str | None = None
+    state: InstanceState | None = None
+    error: str | None = None
+    events: tuple[EventWrite, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class History:
+    """What a node reads when it takes over an instance: its row and every committed step,
+    ordered by ``sequence`` (R2.8)."""
+
+    instance: InstanceRecord
+    steps: tuple[StepRecord, ...]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CreateResult:
+    """``created`` is false when the idempotency key (or instance id) was already there; then
+    ``instance`` is the existing row and nothing was written (R4.1)."""
+
+    instance: InstanceRecord
+    created: bool
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Lease:
+    """A granted lease. ``token`` is the fencing token every write made under it carries."""
+
+    instance_id: str
+    owner: str
+    token: int
+    expires_at: datetime
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RecoveryCandidate:
+    """An instance the recovery scan found: active, and idle past the cutoff (or queued)."""
+
+    instance_id: str
+    flow_id: str
+    flow_version: str
+    state: InstanceState
+    updated_at: datetime
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EventRecord:
+    """An ``outbox_event`` row as read back."""
+
+    event_id: str
+    instance_id: str
+    sequence: int
+    ordinal: int
+    staged_seq: int
+    type: str
+    schema_version: str
+    partition_key: str | None
+    payload: str
+    published_at: datetime | None

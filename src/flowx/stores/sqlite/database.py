@@ -1,0 +1,187 @@
+"""One SQLite connection, its thread, its pragmas and its migrations.
+
+The ``sqlite3`` module blocks, so every statement runs on one dedicated thread per database;
+the event loop only awaits. One connection per process means one writer per process, and
+SQLite's file lock orders writers across processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TypeVar
+
+from flowx.stores import migrations
+from flowx.stores.errors import (
+    JournalUnavailable,
+    NotAFlowXStore,
+    SchemaNotMigrated,
+    SchemaTooNew,
+)
+
+T = TypeVar("T")
+
+#: ``PRAGMA application_id`` of a FlowX journal ("FLWX"): how a file says what it is.
+APPLICATION_ID = 0x464C5758
+
+MIGRATIONS = migrations.load("flowx.stores.sqlite")
+SCHEMA_VERSION = MIGRATIONS[-1].version
+
+
+def to_text(moment: datetime) -> str:
+    """Fixed-width ISO-8601 UTC text, so that string order is time order."""
+    return moment.astimezone(UTC).isoformat(timespec="microseconds")
+
+
+def from_text(text: str) -> datetime:
+    return datetime.fromisoformat(text)
+
+
+def _statements(script: str) -> list[str]:
+    """Split a migration into statements; ``complete_statement`` keeps trigger bodies whole."""
+    out: list[str] = []
+    buffer = ""
+    for line in script.splitlines(keepends=True):
+        buffer += line
+        if sqlite3.complete_statement(buffer):
+            if buffer.strip():
+                out.append(buffer.strip())
+            buffer = ""
+    if buffer.strip() and not all(
+        part.strip().startswith("--") or not part.strip() for part in buffer.splitlines()
+    ):
+        raise RuntimeError(f"incomplete statement at the end of a migration: {buffer!r}")
+    return out
+
+
+class SqliteDatabase:
+    """The file, opened once per process; every call runs on its own thread."""
+
+    def __init__(self, path: str | Path, *, busy_timeout_ms: int = 10_000) -> None:
+        self.path = Path(path)
+        self._busy_timeout_ms = busy_timeout_ms
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flowx-sqlite")
+        self._conn: sqlite3.Connection | None = None
+
+    @property
+    def conn(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise JournalUnavailable(f"SQLite store {self.path} is not open; call open() first")
+        return self._conn
+
+    async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn(connection)`` on the database thread, translating driver errors."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._call, fn)
+
+    def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        conn = self.conn
+        try:
+            return fn(conn)
+        except sqlite3.OperationalError as exc:
+            if conn.in_transaction:
+                conn.rollback()
+            raise JournalUnavailable(
+                f"SQLite store {self.path} did not accept the operation ({exc}); "
+                "it is retryable once the lock holder or the disk is back"
+            ) from exc
+        except BaseException:
+            if conn.in_transaction:
+                conn.rollback()
+            raise
+
+    async def open(self, *, migrate: bool = True) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._open, migrate)
+
+    def _open(self, migrate: bool) -> None:
+        if self._conn is not None:
+            return
+        if self.path.parent and not self.path.parent.exists():
+            raise JournalUnavailable(
+                f"folder {self.path.parent} for SQLite store {self.path.name} does not exist; "
+                "create it first"
+            )
+        conn = sqlite3.connect(
+            str(self.path), isolation_level=None, check_same_thread=False, timeout=30
+        )
+        try:
+            try:
+                conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            except sqlite3.DatabaseError as exc:
+                raise NotAFlowXStore(
+                    f"{self.path} is not an SQLite database ({exc}); point FlowX at a new "
+                    "file or at an existing FlowX journal"
+                ) from exc
+            conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_ms)}")
+            conn.execute("PRAGMA foreign_keys = ON")
+            # FULL: a committed step survives power loss too, not only a process crash.
+            conn.execute("PRAGMA synchronous = FULL")
+            self._check_and_migrate(conn, migrate)
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise JournalUnavailable(
+                    f"{self.path} could not be put in WAL mode (got {mode}); several worker "
+                    "processes need it: use a local disk, not a network share"
+                )
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+
+    def _check_and_migrate(self, conn: sqlite3.Connection, migrate: bool) -> None:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+            tables = conn.execute(
+                "SELECT count(*) FROM sqlite_master WHERE type = 'table'"
+            ).fetchone()[0]
+            if app_id != APPLICATION_ID and tables:
+                raise NotAFlowXStore(
+                    f"{self.path} is an SQLite database but not a FlowX journal (it has "
+                    f"{tables} tables and no FlowX mark); nothing was changed. Point FlowX at "
+                    "a new file"
+                )
+            current = 0
+            if tables:
+                row = conn.execute("SELECT max(version) FROM flowx_schema_migrations").fetchone()
+                current = int(row[0] or 0)
+            if current > SCHEMA_VERSION:
+                raise SchemaTooNew(str(self.path), current, SCHEMA_VERSION)
+            if current < SCHEMA_VERSION and not migrate:
+                raise SchemaNotMigrated(
+                    f"{self.path} is at schema {current}, this FlowX needs {SCHEMA_VERSION}; "
+                    "run `flowx migrate`"
+                )
+            if current == 0:
+                conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+                conn.execute(
+                    "CREATE TABLE flowx_schema_migrations (version INTEGER PRIMARY KEY, "
+                    "name TEXT NOT NULL, applied_at TEXT NOT NULL)"
+                )
+            for migration in MIGRATIONS[current:]:
+                for statement in _statements(migration.sql):
+                    conn.execute(statement)
+                conn.execute(
+                    "INSERT INTO flowx_schema_migrations (version, name, applied_at) "
+                    "VALUES (?, ?, ?)",
+                    (migration.version, migration.name, to_text(datetime.now(UTC))),
+                )
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    def schema_version(self) -> int:
+        row = self.conn.execute("SELECT max(version) FROM flowx_schema_migrations").fetchone()
+        return int(row[0] or 0)
+
+    async def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await asyncio.get_running_loop().run_in_executor(self._executor, conn.close)
+        self._executor.shutdown(wait=True)

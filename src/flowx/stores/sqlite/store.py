@@ -1,0 +1,480 @@
+"""The SQLite journal, lease store, recovery index and catalog, over one ``SqliteDatabase``.
+
+Every write is one ``BEGIN IMMEDIATE`` transaction: it takes the file's write lock up front, so
+two processes never both read the fence and then both write (the lock is SQLite's equivalent of
+PostgreSQL's row lock under which the fence is checked).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any, Final
+
+from flowx.stores.errors import DuplicateStep, FencedOut, LeaseLost, UnknownInstance
+from flowx.stores.protocols import InstanceQuery
+from flowx.stores.records import (
+    CreateResult,
+    EventRecord,
+    History,
+    InstanceRecord,
+    InstanceState,
+    Lease,
+    NewInstance,
+    Outcome,
+    RecoveryCandidate,
+    StepCommit,
+    StepRecord,
+)
+from flowx.stores.sqlite.database import SqliteDatabase, from_text, to_text
+
+_INSTANCE_COLUMNS: Final = (
+    "instance_id, flow_id, flow_version, state, fence, next_sequence, input, state_bag, "
+    "state_bag_sequence, error, tenant_id, idempotency_key, correlation_id, deadline_at, "
+    "parent_instance_id, parent_scope, parent_step_id, resume_count, codec_version, "
+    "created_at, updated_at"
+)
+_STEP_COLUMNS: Final = (
+    "instance_id, scope, step_id, attempt, sequence, step_name, outcome, result, "
+    "capability_id, capability_version, nondeterministic, duration_ms, committed_at"
+)
+_EVENT_COLUMNS: Final = (
+    "event_id, instance_id, sequence, ordinal, staged_seq, type, schema_version, "
+    "partition_key, payload, published_at"
+)
+
+_SELECT_INSTANCE: Final = f"SELECT {_INSTANCE_COLUMNS} FROM flow_instance WHERE instance_id = ?"
+# Served by the primary key; rows come back in commit order (R2.8).
+_SELECT_STEPS: Final = (
+    f"SELECT {_STEP_COLUMNS} FROM flow_step WHERE instance_id = ? ORDER BY sequence"
+)
+
+
+def _instance(row: tuple[Any, ...]) -> InstanceRecord:
+    return InstanceRecord(
+        instance_id=row[0],
+        flow_id=row[1],
+        flow_version=row[2],
+        state=InstanceState(row[3]),
+        fence=row[4],
+        next_sequence=row[5],
+        input=row[6],
+        state_bag=row[7],
+        state_bag_sequence=row[8],
+        error=row[9],
+        tenant_id=row[10],
+        idempotency_key=row[11],
+        correlation_id=row[12],
+        deadline_at=from_text(row[13]) if row[13] else None,
+        parent_instance_id=row[14],
+        parent_scope=row[15],
+        parent_step_id=row[16],
+        resume_count=row[17],
+        codec_version=row[18],
+        created_at=from_text(row[19]),
+        updated_at=from_text(row[20]),
+    )
+
+
+def _step(row: tuple[Any, ...]) -> StepRecord:
+    return StepRecord(
+        instance_id=row[0],
+        scope=row[1],
+        step_id=row[2],
+        attempt=row[3],
+        sequence=row[4],
+        step_name=row[5],
+        outcome=Outcome(row[6]),
+        result=row[7],
+        capability_id=row[8],
+        capability_version=row[9],
+        nondeterministic=row[10],
+        duration_ms=row[11],
+        committed_at=from_text(row[12]),
+    )
+
+
+def _event(row: tuple[Any, ...]) -> EventRecord:
+    return EventRecord(
+        event_id=row[0],
+        instance_id=row[1],
+        sequence=row[2],
+        ordinal=row[3],
+        staged_seq=row[4],
+        type=row[5],
+        schema_version=row[6],
+        partition_key=row[7],
+        payload=row[8],
+        published_at=from_text(row[9]) if row[9] else None,
+    )
+
+
+class SqliteJournal:
+    """``FlowJournal`` on the SQLite file."""
+
+    def __init__(self, db: SqliteDatabase) -> None:
+        self._db = db
+
+    async def create(self, instance: NewInstance, *, token: int, now: datetime) -> CreateResult:
+        def tx(conn: sqlite3.Connection) -> CreateResult:
+            conn.execute("BEGIN IMMEDIATE")
+            row = conn.execute(_SELECT_INSTANCE, (instance.instance_id,)).fetchone()
+            if row is None and instance.idempotency_key is not None:
+                row = conn.execute(
+                    f"SELECT {_INSTANCE_COLUMNS} FROM flow_instance "
+                    "WHERE flow_id = ? AND idempotency_key = ?",  # flow_instance_idempotency_idx
+                    (instance.flow_id, instance.idempotency_key),
+                ).fetchone()
+            if row is not None:
+                conn.execute("COMMIT")
+                return CreateResult(instance=_instance(row), created=False)
+            stamp = to_text(now)
+            conn.execute(
+                "INSERT INTO flow_instance (instance_id, flow_id, flow_version, tenant_id, "
+                "state, fence, next_sequence, input, state_bag, idempotency_key, "
+                "correlation_id, deadline_at, parent_instance_id, parent_scope, "
+                "parent_step_id, codec_version, created_at, updated_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    instance.instance_id,
+                    instance.flow_id,
+                    instance.flow_version,
+                    instance.tenant_id,
+                    instance.state.value,
+                    token,
+                    instance.input,
+                    instance.state_bag,
+                    instance.idempotency_key,
+                    instance.correlation_id,
+                    to_text(instance.deadline_at) if instance.deadline_at else None,
+                    instance.parent_instance_id,
+                    instance.parent_scope,
+                    instance.parent_step_id,
+                    instance.codec_version,
+                    stamp,
+                    stamp,
+                ),
+            )
+            created = conn.execute(_SELECT_INSTANCE, (instance.instance_id,)).fetchone()
+            conn.execute("COMMIT")
+            return CreateResult(instance=_instance(created), created=True)
+
+        return await self._db.run(tx)
+
+    async def open(self, instance_id: str, *, token: int, now: datetime) -> History:
+        def tx(conn: sqlite3.Connection) -> History:
+            conn.execute("BEGIN IMMEDIATE")
+            row = conn.execute(
+                "SELECT fence FROM flow_instance WHERE instance_id = ?", (instance_id,)
+            ).fetchone()
+            if row is None:
+                raise UnknownInstance(instance_id)
+            if token < row[0]:
+                raise FencedOut(instance_id, token, row[0])
+            # The fence rises before anything is read (R2.4).
+            conn.execute(
+                "UPDATE flow_instance SET fence = ?, resume_count = resume_count + 1, "
+                "state = CASE state WHEN 'Pending' THEN 'Running' ELSE state END, "
+                "updated_at = ?, version = version + 1 WHERE instance_id = ?",
+                (token, to_text(now), instance_id),
+            )
+            instance = _instance(conn.execute(_SELECT_INSTANCE, (instance_id,)).fetchone())
+            steps = tuple(_step(r) for r in conn.execute(_SELECT_STEPS, (instance_id,)))
+            conn.execute("COMMIT")
+            return History(instance=instance, steps=steps)
+
+        return await self._db.run(tx)
+
+    async def commit(self, commit: StepCommit) -> int | None:
+        def tx(conn: sqlite3.Connection) -> int | None:
+            conn.execute("BEGIN IMMEDIATE")
+            row = conn.execute(
+                "SELECT fence, next_sequence FROM flow_instance WHERE instance_id = ?",
+                (commit.instance_id,),
+            ).fetchone()
+            if row is None:
+                raise UnknownInstance(commit.instance_id)
+            fence, sequence = row
+            if commit.token < fence:
+                raise FencedOut(commit.instance_id, commit.token, fence)
+            stamp = to_text(commit.now)
+            step = commit.step
+            if step is None:
+                conn.execute(
+                    "UPDATE flow_instance SET state_bag = coalesce(?, state_bag), "
+                    "state = coalesce(?, state), error = coalesce(?, error), updated_at = ?, "
+                    "version = version + 1 WHERE instance_id = ?",
+                    (
+                        commit.state_bag,
+                        commit.state.value if commit.state else None,
+                        commit.error,
+                        stamp,
+                        commit.instance_id,
+                    ),
+                )
+                conn.execute("COMMIT")
+                return None
+            try:
+                conn.execute(
+                    "INSERT INTO flow_step (instance_id, scope, step_id, attempt, sequence, "
+                    "step_name, outcome, result, capability_id, capability_version, "
+                    "nondeterministic, duration_ms, committed_at) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        commit.instance_id,
+                        step.scope,
+                        step.step_id,
+                        step.attempt,
+                        sequence,
+                        step.step_name,
+                        step.outcome.value,
+                        step.result,
+                        step.capability_id,
+                        step.capability_version,
+                        step.nondeterministic,
+                        step.duration_ms,
+                        stamp,
+                    ),
+                )
+            except sqlite3.IntegrityError as exc:
+                raise DuplicateStep(
+                    commit.instance_id, step.scope, step.step_id, step.attempt
+                ) from exc
+            conn.execute(
+                "UPDATE flow_instance SET next_sequence = ?, "
+                "state_bag = coalesce(?, state_bag), "
+                "state_bag_sequence = CASE WHEN ? IS NULL THEN state_bag_sequence ELSE ? END, "
+                "state = coalesce(?, state), error = coalesce(?, error), resume_count = 0, "
+                "updated_at = ?, version = version + 1 WHERE instance_id = ?",
+                (
+                    sequence + 1,
+                    commit.state_bag,
+                    commit.state_bag,
+                    sequence,
+                    commit.state.value if commit.state else None,
+                    commit.error,
+                    stamp,
+                    commit.instance_id,
+                ),
+            )
+            if commit.events:
+                conn.executemany(
+                    "INSERT INTO outbox_event (event_id, instance_id, sequence, ordinal, type, "
+                    "schema_version, partition_key, payload, staged_at) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [
+                        (
+                            e.event_id,
+                            commit.instance_id,
+                            sequence,
+                            ordinal,
+                            e.type,
+                            e.schema_version,
+                            e.partition_key,
+                            e.payload,
+                            stamp,
+                        )
+                        for ordinal, e in enumerate(commit.events)
+                    ],
+                )
+            conn.execute("COMMIT")
+            return int(sequence)
+
+        return await self._db.run(tx)
+
+    async def get(self, instance_id: str) -> InstanceRecord | None:
+        def q(conn: sqlite3.Connection) -> InstanceRecord | None:
+            row = conn.execute(_SELECT_INSTANCE, (instance_id,)).fetchone()
+            return _instance(row) if row else None
+
+        return await self._db.run(q)
+
+    async def find_by_key(self, flow_id: str, idempotency_key: str) -> InstanceRecord | None:
+        def q(conn: sqlite3.Connection) -> InstanceRecord | None:
+            row = conn.execute(
+                f"SELECT {_INSTANCE_COLUMNS} FROM flow_instance "
+                "WHERE flow_id = ? AND idempotency_key = ?",  # flow_instance_idempotency_idx
+                (flow_id, idempotency_key),
+            ).fetchone()
+            return _instance(row) if row else None
+
+        return await self._db.run(q)
+
+    async def steps(self, instance_id: str) -> Sequence[StepRecord]:
+        def q(conn: sqlite3.Connection) -> Sequence[StepRecord]:
+            return tuple(_step(r) for r in conn.execute(_SELECT_STEPS, (instance_id,)))
+
+        return await self._db.run(q)
+
+    async def events(self, instance_id: str) -> Sequence[EventRecord]:
+        def q(conn: sqlite3.Connection) -> Sequence[EventRecord]:
+            rows = conn.execute(
+                f"SELECT {_EVENT_COLUMNS} FROM outbox_event WHERE instance_id = ? "
+                "ORDER BY staged_seq",  # outbox_event_instance_idx
+                (instance_id,),
+            )
+            return tuple(_event(r) for r in rows)
+
+        return await self._db.run(q)
+
+
+class SqliteLeaseStore:
+    """``LeaseStore`` on the ``flow_lease`` table: UPDATE, never DELETE (R3.1)."""
+
+    def __init__(self, db: SqliteDatabase) -> None:
+        self._db = db
+
+    async def acquire(
+        self, instance_id: str, *, owner: str, ttl: timedelta, now: datetime, floor: int = 0
+    ) -> Lease | None:
+        def tx(conn: sqlite3.Connection) -> Lease | None:
+            conn.execute("BEGIN IMMEDIATE")
+            row = conn.execute(
+                "SELECT fencing_token, expires_at FROM flow_lease WHERE instance_id = ?",
+                (instance_id,),
+            ).fetchone()
+            stamp, expires = to_text(now), now + ttl
+            if row is not None and row[1] > stamp:
+                conn.execute("COMMIT")
+                return None
+            token = max(row[0] if row else 0, floor) + 1
+            conn.execute(
+                "INSERT INTO flow_lease (instance_id, owner_node, fencing_token, expires_at, "
+                "acquired_at) VALUES (?, ?, ?, ?, ?) ON CONFLICT (instance_id) DO UPDATE SET "
+                "owner_node = excluded.owner_node, fencing_token = excluded.fencing_token, "
+                "expires_at = excluded.expires_at, acquired_at = excluded.acquired_at",
+                (instance_id, owner, token, to_text(expires), stamp),
+            )
+            conn.execute("COMMIT")
+            return Lease(instance_id=instance_id, owner=owner, token=token, expires_at=expires)
+
+        return await self._db.run(tx)
+
+    async def renew(self, lease: Lease, *, ttl: timedelta, now: datetime) -> Lease:
+        def tx(conn: sqlite3.Connection) -> Lease:
+            expires = now + ttl
+            cur = conn.execute(
+                "UPDATE flow_lease SET expires_at = ? "
+                "WHERE instance_id = ? AND fencing_token = ? AND expires_at > ?",
+                (to_text(expires), lease.instance_id, lease.token, to_text(now)),
+            )
+            if cur.rowcount != 1:
+                raise LeaseLost(
+                    lease.instance_id, lease.token, "it expired or a newer lease was issued"
+                )
+            return Lease(
+                instance_id=lease.instance_id,
+                owner=lease.owner,
+                token=lease.token,
+                expires_at=expires,
+            )
+
+        return await self._db.run(tx)
+
+    async def release(self, lease: Lease, *, now: datetime) -> None:
+        def tx(conn: sqlite3.Connection) -> None:
+            stamp = to_text(now)
+            conn.execute(
+                "UPDATE flow_lease SET expires_at = ? "
+                "WHERE instance_id = ? AND fencing_token = ? AND expires_at > ?",
+                (stamp, lease.instance_id, lease.token, stamp),
+            )
+
+        await self._db.run(tx)
+
+    async def current(self, instance_id: str) -> Lease | None:
+        def q(conn: sqlite3.Connection) -> Lease | None:
+            row = conn.execute(
+                "SELECT owner_node, fencing_token, expires_at FROM flow_lease "
+                "WHERE instance_id = ?",
+                (instance_id,),
+            ).fetchone()
+            if row is None:
+                return None
+            return Lease(
+                instance_id=instance_id, owner=row[0], token=row[1], expires_at=from_text(row[2])
+            )
+
+        return await self._db.run(q)
+
+
+class SqliteRecoveryIndex:
+    """``RecoveryIndex``: both branches read ``flow_instance_abandoned_idx`` in order."""
+
+    def __init__(self, db: SqliteDatabase) -> None:
+        self._db = db
+
+    async def find_abandoned(
+        self, *, now: datetime, idle_for: timedelta, limit: int, offset: int = 0
+    ) -> Sequence[RecoveryCandidate]:
+        def q(conn: sqlite3.Connection) -> Sequence[RecoveryCandidate]:
+            rows = conn.execute(
+                "SELECT instance_id, flow_id, flow_version, state, updated_at "
+                "FROM flow_instance INDEXED BY flow_instance_abandoned_idx "
+                "WHERE state IN ('Pending', 'Running', 'Compensating') "
+                "AND (state = 'Pending' OR updated_at < ?) "
+                "ORDER BY updated_at, instance_id LIMIT ? OFFSET ?",
+                (to_text(now - idle_for), limit, offset),
+            )
+            return tuple(
+                RecoveryCandidate(
+                    instance_id=r[0],
+                    flow_id=r[1],
+                    flow_version=r[2],
+                    state=InstanceState(r[3]),
+                    updated_at=from_text(r[4]),
+                )
+                for r in rows
+            )
+
+        return await self._db.run(q)
+
+
+class SqliteCatalog:
+    """``InstanceCatalog``: newest first by ``flow_instance_created_idx``, keyset paged."""
+
+    def __init__(self, db: SqliteDatabase) -> None:
+        self._db = db
+
+    async def list_instances(self, query: InstanceQuery) -> Sequence[InstanceRecord]:
+        def q(conn: sqlite3.Connection) -> Sequence[InstanceRecord]:
+            where, args = ["1 = 1"], []
+            if query.flow_id is not None:
+                where.append("flow_id = ?")
+                args.append(query.flow_id)
+            if query.state is not None:
+                where.append("state = ?")
+                args.append(query.state.value)
+            if query.before is not None:
+                where.append("(created_at, instance_id) < (?, ?)")
+                args.extend([to_text(query.before[0]), query.before[1]])
+            sql = (
+                f"SELECT {_INSTANCE_COLUMNS} FROM flow_instance WHERE {' AND '.join(where)} "
+                "ORDER BY created_at DESC, instance_id DESC LIMIT ?"
+            )
+            return tuple(_instance(r) for r in conn.execute(sql, (*args, query.limit)))
+
+        return await self._db.run(q)
+
+
+class SqliteStores:
+    """All four roles over one SQLite file (R1.2)."""
+
+    def __init__(self, path: str | Path, *, migrate: bool = True) -> None:
+        self.db = SqliteDatabase(path)
+        self._migrate = migrate
+        self.journal = SqliteJournal(self.db)
+        self.leases = SqliteLeaseStore(self.db)
+        self.recovery = SqliteRecoveryIndex(self.db)
+        self.catalog = SqliteCatalog(self.db)
+
+    async def open(self) -> None:
+        await self.db.open(migrate=self._migrate)
+
+    async def close(self) -> None:
+        await self.db.close()
+
+    def describe(self) -> str:
+        return f"sqlite:///{self.db.path}"
