@@ -1,0 +1,110 @@
+"""``flowx worker``: one node as an operating-system process.
+
+It carries the flows it is given, executes instances, renews their leases, runs the recovery
+scan, and on SIGTERM (or SIGINT) drains: no new work, in-flight steps finish within
+``shutdown_drain_timeout``, every lease is released explicitly, exit 0 (R7.2). Several workers
+on one store are a cluster with no other coordination (R1.1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import logging
+import signal
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from flowx.errors import FlowXError
+from flowx.hosting.host import FlowHost
+from flowx.hosting.settings import HostSettings
+from flowx.hosting.stores import from_url
+from flowx.plan.model import Plan
+
+log = logging.getLogger("flowx.worker")
+
+
+def load_flows(specs: Iterable[str]) -> list[Plan]:
+    """Import ``module:attr`` specs; ``attr`` is a Plan, an iterable of Plans, or a function
+    returning either."""
+    plans: list[Plan] = []
+    for spec in specs:
+        module_name, _, attr = spec.partition(":")
+        if not module_name or not attr:
+            raise FlowXError(
+                f"--flows {spec!r} must be module:attribute, e.g. myapp.flows:FLOWS",
+                code="worker.bad_flows",
+            )
+        if str(Path.cwd()) not in sys.path:
+            sys.path.insert(0, str(Path.cwd()))
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise FlowXError(f"cannot import {module_name!r} for --flows: {exc}",
+                             code="worker.bad_flows") from exc
+        try:
+            value: Any = getattr(module, attr)
+        except AttributeError as exc:
+            raise FlowXError(f"{module_name} has no attribute {attr!r} for --flows",
+                             code="worker.bad_flows") from exc
+        if callable(value) and not isinstance(value, Plan):
+            value = value()
+        found = [value] if isinstance(value, Plan) else list(value)
+        for plan in found:
+            if not isinstance(plan, Plan):
+                raise FlowXError(f"{spec} yielded {plan!r}, which is not a built plan",
+                                 code="worker.bad_flows")
+        plans.extend(found)
+    if not plans:
+        raise FlowXError("--flows named no plans", code="worker.bad_flows")
+    return plans
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "ts": self.formatTime(record),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def configure_logging(fmt: str, level: str) -> None:
+    """Only the worker configures logging; importing flowx never does."""
+    handler = logging.StreamHandler()
+    if fmt == "json":
+        handler.setFormatter(_JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger("flowx")
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
+async def serve(
+    *, store_url: str, plans: list[Plan], settings: HostSettings, node_id: str | None = None,
+    ready_file: Path | None = None,
+) -> int:
+    """Run a node until SIGTERM/SIGINT, then drain. Returns the exit code."""
+    host = FlowHost(store=from_url(store_url), flows=plans, settings=settings, node_id=node_id)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await host.open()
+    log.info("worker %s ready on %s carrying %s", host.node_id, host.store.describe()
+             if host.store else "-", ", ".join(p.ref for p in plans))
+    if ready_file is not None:
+        ready_file.write_text(host.node_id)
+    await stop.wait()
+    log.info("worker %s draining (%d in flight)", host.node_id, host.in_flight)
+    await host.drain()
+    log.info("worker %s stopped", host.node_id)
+    return 0

@@ -1,0 +1,20 @@
+"""The conformance suites, written once and run against every store (STYLE habit 1).
+
+A store's tests subclass each suite and provide one fixture, ``stores``, yielding an opened
+``Stores`` that is empty::
+
+    class TestMyJournal(JournalConformance):
+        @pytest.fixture
+        async def stores(self):
+            s = MyStores(...); await s.open()
+            yield s
+            await s.close()
+
+A protocol change extends these suites in the same commit.
+"""
+
+from flowx.testing.conformance.journal import JournalConformance
+from flowx.testing.conformance.leases import LeaseStoreConformance
+from flowx.testing.conformance.recovery import RecoveryIndexConformance
+
+__all__ = ["JournalConformance", "LeaseStoreConformance", "RecoveryIndexConformance"]

@@ -1,0 +1,220 @@
+"""``FlowJournal`` conformance: append-only, atomic, fenced, ordered (R2.2–R2.4, R2.8)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from flowx.stores.errors import DuplicateStep, FencedOut, UnknownInstance
+from flowx.stores.records import InstanceState, Outcome, StepCommit
+from flowx.testing.conformance._support import at, event, instance, new_id, step
+
+
+class JournalConformance:
+    """Subclass it where a ``stores`` fixture (class or module level) yields an opened,
+    empty ``Stores``."""
+
+    async def test_create_keeps_payloads_byte_for_byte(self, stores: Any) -> None:
+        odd = '{"z": 1,  "a":[1,2.50,  "x"], "z": 2}'
+        created = await stores.journal.create(
+            instance(input=odd, state_bag='{"b":1, "a":2}'), token=3, now=at(0)
+        )
+        assert created.created
+        got = await stores.journal.get(created.instance.instance_id)
+        assert got.input == odd
+        assert got.state_bag == '{"b":1, "a":2}'
+        assert got.fence == 3
+        assert got.next_sequence == 1
+        assert got.state is InstanceState.RUNNING
+        assert got.created_at == at(0)
+        assert got.updated_at == at(0)
+
+    async def test_a_repeated_idempotency_key_returns_the_first_instance(
+        self, stores: Any
+    ) -> None:
+        first = await stores.journal.create(
+            instance(idempotency_key="order-42"), token=1, now=at(0)
+        )
+        again = await stores.journal.create(
+            instance(idempotency_key="order-42", input='{"other":true}'), token=9, now=at(5)
+        )
+        assert not again.created
+        assert again.instance.instance_id == first.instance.instance_id
+        stored = await stores.journal.get(first.instance.instance_id)
+        assert stored.fence == 1
+        assert stored.input == first.instance.input
+        found = await stores.journal.find_by_key("conformance.flow", "order-42")
+        assert found.instance_id == first.instance.instance_id
+        assert await stores.journal.find_by_key("another.flow", "order-42") is None
+
+    async def test_a_repeated_instance_id_writes_nothing(self, stores: Any) -> None:
+        iid = new_id()
+        await stores.journal.create(instance(iid, input='{"a":1}'), token=1, now=at(0))
+        again = await stores.journal.create(instance(iid, input='{"a":2}'), token=2, now=at(1))
+        assert not again.created
+        assert (await stores.journal.get(iid)).input == '{"a":1}'
+
+    async def test_commits_allocate_sequences_in_commit_order(self, stores: Any) -> None:
+        iid = (await stores.journal.create(instance(), token=1, now=at(0))).instance.instance_id
+        seqs = []
+        for sid in (3, 1, 2):  # commit order, not step order
+            seqs.append(
+                await stores.journal.commit(
+                    StepCommit(instance_id=iid, token=1, now=at(sid), step=step(sid))
+                )
+            )
+        assert seqs == [1, 2, 3]
+        rows = await stores.journal.steps(iid)
+        assert [(r.step_id, r.sequence) for r in rows] == [(3, 1), (1, 2), (2, 3)]
+        assert (await stores.journal.get(iid)).next_sequence == 4
+
+    async def test_a_stale_token_is_refused_and_writes_nothing(self, stores: Any) -> None:
+        iid = (await stores.journal.create(instance(), token=5, now=at(0))).instance.instance_id
+        with pytest.raises(FencedOut) as refused:
+            await stores.journal.commit(
+                StepCommit(
+                    instance_id=iid, token=4, now=at(1), step=step(1), state_bag='{"x":1}',
+                    state=InstanceState.COMPLETED, events=(event(),),
+                )
+            )
+        assert refused.value.token == 4
+        assert refused.value.fence == 5
+        after = await stores.journal.get(iid)
+        assert after.state_bag == "{}"
+        assert after.state is InstanceState.RUNNING
+        assert after.next_sequence == 1
+        assert after.updated_at == at(0)
+        assert list(await stores.journal.steps(iid)) == []
+        assert list(await stores.journal.events(iid)) == []
+
+    async def test_the_fence_rises_on_open_before_any_write(self, stores: Any) -> None:
+        iid = (await stores.journal.create(instance(), token=1, now=at(0))).instance.instance_id
+        await stores.journal.commit(StepCommit(instance_id=iid, token=1, now=at(1), step=step(1)))
+        history = await stores.journal.open(iid, token=2, now=at(2))
+        assert history.instance.fence == 2
+        with pytest.raises(FencedOut):  # the old owner is a zombie from this moment on
+            await stores.journal.commit(
+                StepCommit(instance_id=iid, token=1, now=at(3), step=step(2))
+            )
+        assert await stores.journal.commit(
+            StepCommit(instance_id=iid, token=2, now=at(3), step=step(2))
+        ) == 2
+
+    async def test_open_with_a_token_below_the_fence_is_refused(self, stores: Any) -> None:
+        iid = (await stores.journal.create(instance(), token=7, now=at(0))).instance.instance_id
+        with pytest.raises(FencedOut):
+            await stores.journal.open(iid, token=6, now=at(1))
+        assert (await stores.journal.get(iid)).fence == 7
+
+    async def test_unknown_instances_are_refused(self, stores: Any) -> None:
+        with pytest.raises(UnknownInstance):
+            await stores.journal.open(new_id(), token=1, now=at(0))
+        with pytest.raises(UnknownInstance):
+            await stores.journal.commit(
+                StepCommit(instance_id=new_id(), token=1, now=at(0), step=step(1))
+            )
+        assert await stores.journal.get(new_id()) is None
+
+    async def test_a_duplicate_step_raises_and_writes_nothing(self, stores: Any) -> None:
+        iid = (await stores.journal.create(instance(), token=1, now=at(0))).instance.instance_id
+        await stores.journal.commit(
+            StepCommit(instance_id=iid, token=1, now=at(1), step=step(1), state_bag='{"v":1}')
+        )
+        with pytest.raises(DuplicateStep) as dup:
+            await stores.journal.commit(
+                StepCommit(
+                    instance_id=iid, token=1, now=at(2), step=step(1, result='"other"'),
+                    state_bag='{"v":2}', events=(event(),),
+                )
+            )
+        assert (dup.value.step_id, dup.value.attempt) == (1, 1)
+        after = await stores.journal.get(iid)
+        assert after.state_bag == '{"v":1}'
+        assert after.next_sequence == 2
+        rows = await stores.journal.steps(iid)
+        assert [r.result for r in rows] == ['"ok"']
+        assert list(await stores.journal.events(iid)) == []
+
+    async def test_the_same_step_in_another_scope_or_attempt_is_not_a_duplicate(
+        self, stores: Any
+    ) -> None:
+        iid = (await stores.journal.create(instance(), token=1, now=at(0))).instance.instance_id
+        for write in (step(4, scope="0"), step(4, scope="1"), step(4, scope="1", attempt=2),
+                      step(4, scope="1/0")):
+            await stores.journal.commit(StepCommit(instance_id=iid, token=1, now=at(1),
+                                                   step=write))
+        rows = await stores.journal.steps(iid)
+        assert [(r.scope, r.attempt) for r in rows] == [("0", 1), ("1", 1), ("1", 2),
+                                                        ("1/0", 1)]
+
+    async def test_the_frontier_of_a_partial_history(self, stores: Any) -> None:
+        iid = (await stores.journal.create(instance(), token=1, now=at(0))).instance.instance_id
+        j = stores.journal
+        await j.commit(StepCommit(instance_id=iid, token=1, now=at(1), step=step(1),
+                                  state_bag='{"s":1}'))
+        await j.commit(StepCommit(instance_id=iid, token=1, now=at(2),
+                                  step=step(2, outcome=Outcome.FAILURE, result='{"e":1}')))
+        await j.commit(StepCommit(instance_id=iid, token=1, now=at(3), step=step(2, 2)))
+        history = await j.open(iid, token=2, now=at(10))
+        assert [(r.step_id, r.attempt, r.outcome, r.sequence) for r in history.steps] == [
+            (1, 1, Outcome.SUCCESS, 1),
+            (2, 1, Outcome.FAILURE, 2),
+            (2, 2, Outcome.SUCCESS, 3),
+        ]
+        assert history.instance.state_bag == '{"s":1}'
+        assert history.instance.state_bag_sequence == 1  # the snapshot is of commit 1
+        row = history.steps[0]
+        assert row.capability_id == "conformance.cap"
+        assert row.capability_version == "1.0.0"
+        assert row.duration_ms == 3
+        assert row.committed_at == at(1)
+
+    async def test_resume_count_counts_takeovers_since_the_last_commit(
+        self, stores: Any
+    ) -> None:
+        iid = (await stores.journal.create(instance(), token=1, now=at(0))).instance.instance_id
+        assert (await stores.journal.open(iid, token=2, now=at(1))).instance.resume_count == 1
+        assert (await stores.journal.open(iid, token=3, now=at(2))).instance.resume_count == 2
+        await stores.journal.commit(StepCommit(instance_id=iid, token=3, now=at(3), step=step(1)))
+        assert (await stores.journal.get(iid)).resume_count == 0
+
+    async def test_open_moves_a_pending_instance_to_running(self, stores: Any) -> None:
+        created = await stores.journal.create(
+            instance(state=InstanceState.PENDING), token=1, now=at(0)
+        )
+        assert created.instance.state is InstanceState.PENDING
+        history = await stores.journal.open(created.instance.instance_id, token=2, now=at(1))
+        assert history.instance.state is InstanceState.RUNNING
+
+    async def test_a_transition_without_a_step_consumes_no_sequence(self, stores: Any) -> None:
+        iid = (await stores.journal.create(instance(), token=1, now=at(0))).instance.instance_id
+        seq = await stores.journal.commit(
+            StepCommit(instance_id=iid, token=1, now=at(4), state=InstanceState.FAILED,
+                       error='{"m":"x"}', state_bag='{"end":true}')
+        )
+        assert seq is None
+        after = await stores.journal.get(iid)
+        assert after.state is InstanceState.FAILED
+        assert after.error == '{"m":"x"}'
+        assert after.state_bag == '{"end":true}'
+        assert after.next_sequence == 1
+        assert after.updated_at == at(4)
+
+    async def test_events_are_staged_with_their_step_in_order(self, stores: Any) -> None:
+        a = (await stores.journal.create(instance(), token=1, now=at(0))).instance.instance_id
+        b = (await stores.journal.create(instance(), token=1, now=at(0))).instance.instance_id
+        first, second, third = event("k1"), event("k2"), event(None)
+        await stores.journal.commit(StepCommit(instance_id=a, token=1, now=at(1), step=step(1),
+                                               events=(first, second)))
+        await stores.journal.commit(StepCommit(instance_id=b, token=1, now=at(2), step=step(1),
+                                               events=(third,)))
+        ea = await stores.journal.events(a)
+        eb = await stores.journal.events(b)
+        assert [(e.event_id, e.sequence, e.ordinal) for e in ea] == [
+            (first.event_id, 1, 0), (second.event_id, 1, 1)]
+        assert ea[0].payload == first.payload
+        assert ea[1].partition_key == "k2"
+        assert eb[0].partition_key is None
+        assert ea[0].staged_seq < ea[1].staged_seq < eb[0].staged_seq
+        assert all(e.published_at is None for e in (*ea, *eb))

@@ -1,0 +1,114 @@
+"""``LeaseStore`` conformance: exclusive, expiring, and tokens that never go back (R3.1)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from flowx.stores.errors import LeaseLost
+from flowx.testing.conformance._support import at, new_id
+
+TTL = timedelta(seconds=30)
+
+
+class LeaseStoreConformance:
+    """Subclass it where a ``stores`` fixture (class or module level) yields an opened,
+    empty ``Stores``."""
+
+    async def test_a_lease_can_be_taken_before_its_instance_exists(self, stores: Any) -> None:
+        iid = new_id()
+        lease = await stores.leases.acquire(iid, owner="n1", ttl=TTL, now=at(0))
+        assert lease is not None
+        assert lease.token >= 1
+        assert lease.owner == "n1"
+        assert lease.expires_at == at(30)
+        assert await stores.journal.get(iid) is None
+
+    async def test_a_live_lease_excludes_every_other_acquirer(self, stores: Any) -> None:
+        iid = new_id()
+        assert await stores.leases.acquire(iid, owner="n1", ttl=TTL, now=at(0)) is not None
+        assert await stores.leases.acquire(iid, owner="n2", ttl=TTL, now=at(29)) is None
+        assert await stores.leases.acquire(iid, owner="n1", ttl=TTL, now=at(29)) is None
+
+    async def test_tokens_rise_across_expiry_and_release(self, stores: Any) -> None:
+        iid = new_id()
+        first = await stores.leases.acquire(iid, owner="n1", ttl=TTL, now=at(0))
+        second = await stores.leases.acquire(iid, owner="n2", ttl=TTL, now=at(31))  # expired
+        assert second is not None and second.token > first.token
+        await stores.leases.release(second, now=at(32))
+        third = await stores.leases.acquire(iid, owner="n3", ttl=TTL, now=at(33))
+        assert third is not None and third.token > second.token
+        current = await stores.leases.current(iid)
+        assert current.token == third.token
+        assert current.owner == "n3"
+
+    async def test_the_lease_row_survives_release(self, stores: Any) -> None:
+        iid = new_id()
+        lease = await stores.leases.acquire(iid, owner="n1", ttl=TTL, now=at(0))
+        await stores.leases.release(lease, now=at(1))
+        after = await stores.leases.current(iid)
+        assert after is not None
+        assert after.token == lease.token
+        assert after.expires_at <= at(1)
+
+    async def test_renew_extends_a_live_lease(self, stores: Any) -> None:
+        iid = new_id()
+        lease = await stores.leases.acquire(iid, owner="n1", ttl=TTL, now=at(0))
+        renewed = await stores.leases.renew(lease, ttl=TTL, now=at(20))
+        assert renewed.token == lease.token
+        assert renewed.expires_at == at(50)
+        assert await stores.leases.acquire(iid, owner="n2", ttl=TTL, now=at(40)) is None
+
+    async def test_a_stale_token_cannot_renew(self, stores: Any) -> None:
+        iid = new_id()
+        old = await stores.leases.acquire(iid, owner="n1", ttl=TTL, now=at(0))
+        new = await stores.leases.acquire(iid, owner="n2", ttl=TTL, now=at(31))
+        with pytest.raises(LeaseLost):
+            await stores.leases.renew(old, ttl=TTL, now=at(32))
+        assert (await stores.leases.current(iid)).token == new.token
+
+    async def test_an_expired_lease_cannot_renew(self, stores: Any) -> None:
+        iid = new_id()
+        lease = await stores.leases.acquire(iid, owner="n1", ttl=TTL, now=at(0))
+        with pytest.raises(LeaseLost):
+            await stores.leases.renew(lease, ttl=TTL, now=at(30))
+
+    async def test_a_released_lease_cannot_renew(self, stores: Any) -> None:
+        iid = new_id()
+        lease = await stores.leases.acquire(iid, owner="n1", ttl=TTL, now=at(0))
+        await stores.leases.release(lease, now=at(1))
+        with pytest.raises(LeaseLost):
+            await stores.leases.renew(lease, ttl=TTL, now=at(2))
+
+    async def test_release_is_idempotent_and_a_stale_release_is_inert(self, stores: Any) -> None:
+        iid = new_id()
+        old = await stores.leases.acquire(iid, owner="n1", ttl=TTL, now=at(0))
+        new = await stores.leases.acquire(iid, owner="n2", ttl=TTL, now=at(31))
+        await stores.leases.release(old, now=at(32))  # the zombie's release
+        await stores.leases.release(old, now=at(33))
+        assert await stores.leases.acquire(iid, owner="n3", ttl=TTL, now=at(34)) is None
+        assert (await stores.leases.current(iid)).token == new.token
+
+    async def test_release_lets_a_peer_in_at_once(self, stores: Any) -> None:
+        iid = new_id()
+        lease = await stores.leases.acquire(iid, owner="n1", ttl=TTL, now=at(0))
+        await stores.leases.release(lease, now=at(1))
+        peer = await stores.leases.acquire(iid, owner="n2", ttl=TTL, now=at(1))
+        assert peer is not None
+
+    async def test_a_token_is_issued_above_the_floor(self, stores: Any) -> None:
+        iid = new_id()
+        first = await stores.leases.acquire(iid, owner="n1", ttl=TTL, now=at(0), floor=41)
+        assert first.token > 41
+        await stores.leases.release(first, now=at(1))
+        second = await stores.leases.acquire(iid, owner="n1", ttl=TTL, now=at(2), floor=3)
+        assert second.token > first.token
+
+    async def test_tokens_are_per_instance(self, stores: Any) -> None:
+        a, b = new_id(), new_id()
+        la = await stores.leases.acquire(a, owner="n1", ttl=TTL, now=at(0))
+        lb = await stores.leases.acquire(b, owner="n1", ttl=TTL, now=at(0))
+        assert la is not None and lb is not None
+        assert await stores.leases.current(new_id()) is None
