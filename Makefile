@@ -1,0 +1,43 @@
+# FlowX — a newcomer's Makefile. `make demo` and `make test` set everything up themselves.
+
+PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
+             command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+             && { command -v $$p; break; }; done)
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.DEFAULT_GOAL := help
+.PHONY: help demo test lint typecheck services bench clean
+
+help: ## list the targets
+	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@test -n "$(PYTHON)" || { echo "FlowX needs Python 3.11 or newer on PATH"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $@
+
+demo: $(STAMP) ## crash a worker mid-flight on the embedded SQLite journal; another finishes
+	$(BIN)/python -m examples.demo
+
+services: ## check the PostgreSQL, Redis, RabbitMQ, NATS and MariaDB the tests use; start any that is down
+	@bash scripts/services.sh
+
+lint: $(STAMP) ## ruff and import-linter (the engine is pure; layers point down)
+	$(BIN)/ruff check src tests examples benchmarks
+	$(BIN)/lint-imports
+
+typecheck: $(STAMP) ## mypy --strict on src/
+	$(BIN)/mypy
+
+test: $(STAMP) services lint typecheck ## everything CI runs: services, lint, types, the test suite
+	$(BIN)/pytest
+
+bench: $(STAMP) ## benchmarks (JSON to benchmarks/results/, and a table)
+	$(BIN)/python -m benchmarks.journal_throughput
+
+clean: ## remove the virtualenv, caches and demo files
+	rm -rf $(VENV) .demo .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,118 @@
+"""A real worker process is SIGKILLed at a chosen instruction; another process finishes
+the instance (R4.3, SPEC §8 "node crash mid-step").
+
+Measured, not asserted: the ledger outside the journal counts how many times each effect
+really happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import flowx
+from tests.crash.crash_flows import Job, job
+
+pytestmark = pytest.mark.crash
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _worker(db: Path, crash_dir: Path) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        "CRASH_DIR": str(crash_dir),
+        "FLOWX_LEASE_TTL": "2s",
+        "FLOWX_RECOVERY_SCAN_INTERVAL": "200ms",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "flowx.cli.main", "worker", "--db", f"sqlite:///{db}",
+         "--flows", "tests.crash.crash_flows:FLOWS", "--log-level", "warning"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )
+
+
+def _wait_for(path: Path, proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None:
+            out = proc.stdout.read().decode() if proc.stdout else ""
+            raise AssertionError(f"worker exited early ({proc.returncode}): {out}")
+        assert time.monotonic() < deadline, f"{path.name} never appeared"
+        time.sleep(0.02)
+
+
+def _effects(crash_dir: Path) -> dict[str, int]:
+    conn = sqlite3.connect(crash_dir / "ledger.db")
+    try:
+        return dict(conn.execute("SELECT step, count(*) FROM ledger GROUP BY step"))
+    finally:
+        conn.close()
+
+
+async def _queue(db: Path) -> str:
+    async with flowx.FlowHost(store=flowx.sqlite(db), flows=[job], recovery=False) as host:
+        handle = await host.start(job, Job(name="victim"), run_here=False)
+        return handle.instance_id
+
+
+async def _final(db: Path, instance_id: str, timeout: float = 30) -> flowx.InstanceState:
+    stores = flowx.sqlite(db)
+    await stores.open()
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            record = await stores.journal.get(instance_id)
+            assert record is not None
+            if record.state.terminal or time.monotonic() > deadline:
+                return record.state
+            await asyncio.sleep(0.05)
+    finally:
+        await stores.close()
+
+
+def _run_crash(tmp_path: Path, park: str) -> tuple[flowx.InstanceState, dict[str, int], int]:
+    db, crash = tmp_path / "flowx.db", tmp_path
+    (crash / park).write_text("")
+    instance_id = asyncio.run(_queue(db))
+    first = _worker(db, crash)
+    second: subprocess.Popen[bytes] | None = None
+    try:
+        _wait_for(crash / f"parked-{park.rsplit('-', 1)[1]}", first)
+        first.send_signal(signal.SIGKILL)
+        assert first.wait(timeout=10) == -signal.SIGKILL
+        second = _worker(db, crash)
+        state = asyncio.run(_final(db, instance_id))
+        second.send_signal(signal.SIGTERM)
+        rc = second.wait(timeout=30)
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return state, _effects(crash), rc
+
+
+def test_a_kill_between_effect_and_commit_re_executes_that_step_exactly_once(
+    tmp_path: Path,
+) -> None:
+    state, effects, rc = _run_crash(tmp_path, "park-after-effect-b")
+    assert state is flowx.InstanceState.COMPLETED
+    assert effects == {"a": 1, "b": 2, "c": 1}  # one kill in the window: one duplicate
+    assert rc == 0  # the second worker drained and exited cleanly on SIGTERM (R7.2)
+
+
+def test_a_kill_after_a_commit_duplicates_nothing(tmp_path: Path) -> None:
+    state, effects, rc = _run_crash(tmp_path, "park-before-effect-c")
+    assert state is flowx.InstanceState.COMPLETED
+    assert effects == {"a": 1, "b": 1, "c": 1}
+    assert rc == 0
