@@ -40,8 +40,11 @@ async def _node(db: str, count: int) -> None:
     settings = flowx.HostSettings.load()
     async with flowx.FlowHost(store=flowx.from_url(db), flows=FLOWS, settings=settings) as host:
         for n in range(1, count + 1):
-            await host.start(place_order, Order(order_id=f"{n:03d}", amount_cents=100 * n),
-                             idempotency_key=f"order-{n:03d}")
+            await host.start(
+                place_order,
+                Order(order_id=f"{n:03d}", amount_cents=100 * n),
+                idempotency_key=f"order-{n:03d}",
+            )
         print(f"node {os.getpid()}: started {count} orders", flush=True)
         await asyncio.Event().wait()  # until SIGKILL
 
@@ -102,12 +105,16 @@ def main() -> int:
     began = time.monotonic()
     victim = subprocess.Popen(
         [sys.executable, "-m", "examples.demo", "--count", str(total), "node", "--db", db_url],
-        cwd=ROOT, env=env,
+        cwd=ROOT,
+        env=env,
     )
     committed = "SELECT count(*) FROM flow_step"
     # Kill when it is well into the work: a third of all step commits are in.
-    _wait(lambda: _count(journal, committed) >= total * steps_per_flow // 3, 60,
-          "the first node to make progress")
+    _wait(
+        lambda: _count(journal, committed) >= total * steps_per_flow // 3,
+        60,
+        "the first node to make progress",
+    )
     victim.send_signal(signal.SIGKILL)
     victim.wait()
     killed_at = datetime.now(UTC)
@@ -117,9 +124,18 @@ def main() -> int:
     print(f"  SIGKILLed node {victim.pid} with {completed_before}/{total} completed")
 
     worker = subprocess.Popen(
-        [*_flowx_command(), "worker", "--db", db_url, "--flows", "examples.order_flow:FLOWS",
-         "--log-level", "warning"],
-        cwd=ROOT, env=env,
+        [
+            *_flowx_command(),
+            "worker",
+            "--db",
+            db_url,
+            "--flows",
+            "examples.order_flow:FLOWS",
+            "--log-level",
+            "warning",
+        ],
+        cwd=ROOT,
+        env=env,
     )
     try:
         _wait(lambda: _count(journal, done_q) == total, 60, "every instance to complete")
@@ -132,10 +148,13 @@ def main() -> int:
     completed = _count(journal, done_q)
     states = _query(journal, "SELECT state, count(*) FROM flow_instance GROUP BY state")
     effects = _query(
-        ledger, "SELECT instance_id, step, count(*) FROM ledger GROUP BY instance_id, step")
+        ledger, "SELECT instance_id, step, count(*) FROM ledger GROUP BY instance_id, step"
+    )
     re_executed = sum(int(n) - 1 for _, _, n in effects if int(n) > 1)  # type: ignore[call-overload]
-    success_rows = _count(journal, "SELECT count(*) FROM flow_step WHERE outcome = 'Success' "
-                          "AND capability_id IS NOT NULL")
+    success_rows = _count(
+        journal,
+        "SELECT count(*) FROM flow_step WHERE outcome = 'Success' AND capability_id IS NOT NULL",
+    )
     ledger_rows = sum(int(n) for _, _, n in effects)  # type: ignore[call-overload]
     resumed = _query(
         journal,

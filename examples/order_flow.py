@@ -56,8 +56,14 @@ def record_effect(ctx: flowx.StepContext) -> None:
     try:
         conn.execute(
             "INSERT INTO ledger VALUES (?, ?, ?, ?, ?, ?)",
-            (ctx.instance_id, ctx.step_name, ctx.attempt, ctx.idempotency_key, os.getpid(),
-             datetime.now(UTC).isoformat()),
+            (
+                ctx.instance_id,
+                ctx.step_name,
+                ctx.attempt,
+                ctx.idempotency_key,
+                os.getpid(),
+                datetime.now(UTC).isoformat(),
+            ),
         )
     finally:
         conn.close()
@@ -89,13 +95,17 @@ def ship(ctx: flowx.StepContext, order: Order) -> str:
 
 
 place_order = (
-    flowx.flow("order.place", version="1.2.0", input=Order, state=OrderState,
-               partition_key=lambda o: o.tenant)
+    flowx.flow(
+        "order.place",
+        version="1.2.0",
+        input=Order,
+        state=OrderState,
+        partition_key=lambda o: o.tenant,
+    )
     .step(reserve, into="reservation", compensate=release)
     .step(capture, into="receipt")
     .step(ship, into="shipment", retry=flowx.Retry(attempts=5, backoff="exponential"))
-    .emit(OrderPlaced, lambda o, s: OrderPlaced(order_id=o.order_id,
-                                                amount_cents=o.amount_cents))
+    .emit(OrderPlaced, lambda o, s: OrderPlaced(order_id=o.order_id, amount_cents=o.amount_cents))
     .build()
 )
 

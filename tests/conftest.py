@@ -21,9 +21,7 @@ def memory_store() -> flowx.stores.memory.MemoryStores:  # type: ignore[name-def
 
 
 @pytest.fixture
-async def host_factory(
-    clock: FakeClock, memory_store: object
-) -> AsyncIterator[object]:
+async def host_factory(clock: FakeClock, memory_store: object) -> AsyncIterator[object]:
     """Build open hosts on one shared memory store (several hosts = several nodes)."""
     hosts: list[flowx.FlowHost] = []
 

@@ -50,10 +50,14 @@ def _effect(ctx: flowx.StepContext, step: str) -> str:
     _park("before-effect", step)
     conn = sqlite3.connect(_dir() / "ledger.db", timeout=30, isolation_level=None)
     try:
-        conn.execute("CREATE TABLE IF NOT EXISTS ledger (instance_id TEXT, step TEXT, "
-                     "attempt INTEGER, idempotency_key TEXT, pid INTEGER)")
-        conn.execute("INSERT INTO ledger VALUES (?, ?, ?, ?, ?)",
-                     (ctx.instance_id, step, ctx.attempt, ctx.idempotency_key, os.getpid()))
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS ledger (instance_id TEXT, step TEXT, "
+            "attempt INTEGER, idempotency_key TEXT, pid INTEGER)"
+        )
+        conn.execute(
+            "INSERT INTO ledger VALUES (?, ?, ?, ?, ?)",
+            (ctx.instance_id, step, ctx.attempt, ctx.idempotency_key, os.getpid()),
+        )
     finally:
         conn.close()
     _park("after-effect", step)

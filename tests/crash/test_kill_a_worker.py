@@ -35,9 +35,22 @@ def _worker(db: Path, crash_dir: Path) -> subprocess.Popen[bytes]:
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
     }
     return subprocess.Popen(
-        [sys.executable, "-m", "flowx.cli.main", "worker", "--db", f"sqlite:///{db}",
-         "--flows", "tests.crash.crash_flows:FLOWS", "--log-level", "warning"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        [
+            sys.executable,
+            "-m",
+            "flowx.cli.main",
+            "worker",
+            "--db",
+            f"sqlite:///{db}",
+            "--flows",
+            "tests.crash.crash_flows:FLOWS",
+            "--log-level",
+            "warning",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
     )
 
 

@@ -82,21 +82,25 @@ def test_a_state_model_without_defaults_is_FLOWX1006() -> None:
     class Needs(BaseModel):
         x: int
 
-    assert code_of(
-        lambda: flowx.flow("diag.f", version="1", input=Inp, state=Needs).step(one).build()
-    ) == "FLOWX1006"
+    assert (
+        code_of(lambda: flowx.flow("diag.f", version="1", input=Inp, state=Needs).step(one).build())
+        == "FLOWX1006"
+    )
 
 
 def test_an_input_that_is_not_a_model_is_FLOWX1007() -> None:
-    assert code_of(
-        lambda: flowx.flow("diag.f", version="1", input=dict).step(one).build()  # type: ignore[type-var]
-    ) == "FLOWX1007"
+    assert (
+        code_of(
+            lambda: flowx.flow("diag.f", version="1", input=dict).step(one).build()  # type: ignore[type-var]
+        )
+        == "FLOWX1007"
+    )
 
 
 def test_retrying_a_non_idempotent_capability_is_FLOWX1008() -> None:
-    assert code_of(
-        lambda: base().step(unsafe, retry=flowx.Retry(attempts=3)).build()
-    ) == "FLOWX1008"
+    assert (
+        code_of(lambda: base().step(unsafe, retry=flowx.Retry(attempts=3)).build()) == "FLOWX1008"
+    )
     plan = base().step(unsafe).build()  # no retry= : it is simply never retried
     assert plan.body[0].retry.attempts == 1  # type: ignore[attr-defined]
 
@@ -106,9 +110,14 @@ def test_a_bad_duration_is_FLOWX1009() -> None:
 
 
 def test_a_for_each_into_that_is_not_a_list_is_FLOWX1011() -> None:
-    assert code_of(
-        lambda: base().for_each("each", lambda i, s: [1], lambda b: b.step(one), into="a").build()
-    ) == "FLOWX1011"
+    assert (
+        code_of(
+            lambda: (
+                base().for_each("each", lambda i, s: [1], lambda b: b.step(one), into="a").build()
+            )
+        )
+        == "FLOWX1011"
+    )
 
 
 def test_a_fork_with_one_branch_is_FLOWX1013() -> None:
@@ -116,18 +125,21 @@ def test_a_fork_with_one_branch_is_FLOWX1013() -> None:
 
 
 def test_a_malformed_flow_id_or_version_is_FLOWX1014() -> None:
-    assert code_of(
-        lambda: flowx.flow("Bad Id", version="1", input=Inp).step(one).build()
-    ) == "FLOWX1014"
-    assert code_of(
-        lambda: flowx.flow("ok.id", version="v1", input=Inp).step(one).build()
-    ) == "FLOWX1014"
+    assert (
+        code_of(lambda: flowx.flow("Bad Id", version="1", input=Inp).step(one).build())
+        == "FLOWX1014"
+    )
+    assert (
+        code_of(lambda: flowx.flow("ok.id", version="v1", input=Inp).step(one).build())
+        == "FLOWX1014"
+    )
 
 
 def test_into_without_a_state_model_is_FLOWX1015() -> None:
-    assert code_of(
-        lambda: flowx.flow("diag.f", version="1", input=Inp).step(one, into="a").build()
-    ) == "FLOWX1015"
+    assert (
+        code_of(lambda: flowx.flow("diag.f", version="1", input=Inp).step(one, into="a").build())
+        == "FLOWX1015"
+    )
 
 
 def test_signals_and_timers_in_an_ephemeral_flow_are_FLOWX1017() -> None:
@@ -138,12 +150,16 @@ def test_signals_and_timers_in_an_ephemeral_flow_are_FLOWX1017() -> None:
 
 
 def test_an_emit_in_an_ephemeral_flow_or_without_a_contract_is_FLOWX1024() -> None:
-    assert code_of(
-        lambda: base(profile=flowx.Ephemeral).emit(Happened, lambda i, s: Happened(n=1)).build()
-    ) == "FLOWX1024"
-    assert code_of(
-        lambda: base().emit(Undeclared, lambda i, s: Undeclared(n=1)).build()
-    ) == "FLOWX1024"
+    assert (
+        code_of(
+            lambda: base(profile=flowx.Ephemeral).emit(Happened, lambda i, s: Happened(n=1)).build()
+        )
+        == "FLOWX1024"
+    )
+    assert (
+        code_of(lambda: base().emit(Undeclared, lambda i, s: Undeclared(n=1)).build())
+        == "FLOWX1024"
+    )
 
 
 def test_a_capability_id_that_is_not_registered_is_FLOWX1018() -> None:

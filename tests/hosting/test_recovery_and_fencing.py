@@ -120,18 +120,40 @@ async def test_the_recovery_scan_resumes_an_abandoned_instance_from_its_last_com
 ) -> None:
     # A dead node's leftovers: an instance with step 1 committed, a lease never renewed.
     iid = "11111111-1111-4111-8111-111111111111"
-    lease = await memory_store.leases.acquire(iid, owner="dead", ttl=timedelta(seconds=30),
-                                              now=clock.now())
+    lease = await memory_store.leases.acquire(
+        iid, owner="dead", ttl=timedelta(seconds=30), now=clock.now()
+    )
     await memory_store.journal.create(
-        NewInstance(instance_id=iid, flow_id="rec.job", flow_version="1.0.0",
-                    input=codec.dumps(Job(name="r")), state_bag="{}"),
-        token=lease.token, now=clock.now())
+        NewInstance(
+            instance_id=iid,
+            flow_id="rec.job",
+            flow_version="1.0.0",
+            input=codec.dumps(Job(name="r")),
+            state_bag="{}",
+        ),
+        token=lease.token,
+        now=clock.now(),
+    )
     from flowx.stores.records import StepCommit, StepWrite
-    await memory_store.journal.commit(StepCommit(
-        instance_id=iid, token=lease.token, now=clock.now(), state_bag='{"first":"one"}',
-        step=StepWrite(scope="", step_id=1, attempt=1, step_name="rec.first",
-                       outcome=Outcome.SUCCESS, result='"one"', capability_id="rec.first",
-                       capability_version="1.0.0")))
+
+    await memory_store.journal.commit(
+        StepCommit(
+            instance_id=iid,
+            token=lease.token,
+            now=clock.now(),
+            state_bag='{"first":"one"}',
+            step=StepWrite(
+                scope="",
+                step_id=1,
+                attempt=1,
+                step_name="rec.first",
+                outcome=Outcome.SUCCESS,
+                result='"one"',
+                capability_id="rec.first",
+                capability_version="1.0.0",
+            ),
+        )
+    )
     host = await host_factory(PLAN, settings=settings())
     early = await host.recover_once()
     assert early.found == 0  # written to less than a TTL ago: not abandoned yet
@@ -152,8 +174,11 @@ async def test_losing_the_race_for_a_lease_is_a_skip(
     owner = await host_factory(PLAN, settings=settings())
     handle = await owner.start(PLAN, Job(name="held"))
     clock.advance(seconds=20)
-    await memory_store.leases.renew(await memory_store.leases.current(handle.instance_id),
-                                    ttl=timedelta(seconds=30), now=clock.now())
+    await memory_store.leases.renew(
+        await memory_store.leases.current(handle.instance_id),
+        ttl=timedelta(seconds=30),
+        now=clock.now(),
+    )
     clock.advance(seconds=11)  # idle past a TTL, but its owner renewed: the lease is live
     other = await host_factory(PLAN, settings=settings())
     result = await other.recover_once()
@@ -165,8 +190,11 @@ async def test_losing_the_race_for_a_lease_is_a_skip(
 async def test_a_candidate_pinned_to_a_version_this_node_lacks_is_left_alone(
     host_factory: Any, memory_store: Any, clock: Any
 ) -> None:
-    v2 = (flowx.flow("rec.job", version="2.0.0", input=Job, state=JobState)
-          .step(first, into="first").build())
+    v2 = (
+        flowx.flow("rec.job", version="2.0.0", input=Job, state=JobState)
+        .step(first, into="first")
+        .build()
+    )
     old_node = await host_factory(PLAN, settings=settings())
     handle = await old_node.start(PLAN, Job(name="pinned"), run_here=False)
     new_node = await host_factory(v2, settings=settings())
@@ -178,9 +206,7 @@ async def test_a_candidate_pinned_to_a_version_this_node_lacks_is_left_alone(
     assert (await old_node.get(handle.instance_id)).flow_version == "1.0.0"
 
 
-async def test_a_pending_instance_is_picked_up_without_waiting_a_ttl(
-    host_factory: Any
-) -> None:
+async def test_a_pending_instance_is_picked_up_without_waiting_a_ttl(host_factory: Any) -> None:
     producer = await host_factory(PLAN, settings=settings())
     handle = await producer.start(PLAN, Job(name="queued"), run_here=False)
     assert (await producer.get(handle.instance_id)).state is InstanceState.PENDING
@@ -197,7 +223,8 @@ async def test_a_scan_asks_for_no_more_than_its_free_recovery_slots(
     for i in range(5):
         await producer.start(PLAN, Job(name=f"slot{i}"), run_here=False)
     worker = await host_factory(
-        PLAN, settings=settings(max_concurrent_recoveries=2, recovery_scan_batch_size=10))
+        PLAN, settings=settings(max_concurrent_recoveries=2, recovery_scan_batch_size=10)
+    )
     first_scan = await worker.recover_once()
     assert first_scan.resumed == 2
     assert (await worker.recover_once()).skipped_busy  # R3.4: no second page yet
@@ -234,9 +261,17 @@ async def test_the_scan_walks_from_a_random_offset_and_wraps_round(
 
     for i in range(6):
         await memory_store.journal.create(
-            NewInstance(instance_id=f"i{i}", flow_id="rec.job", flow_version="1.0.0",
-                        input="{}", state_bag="{}", state=InstanceState.PENDING),
-            token=1, now=clock.now() + timedelta(seconds=i))
+            NewInstance(
+                instance_id=f"i{i}",
+                flow_id="rec.job",
+                flow_version="1.0.0",
+                input="{}",
+                state_bag="{}",
+                state=InstanceState.PENDING,
+            ),
+            token=1,
+            now=clock.now() + timedelta(seconds=i),
+        )
     seen: list[str] = []
 
     async def resume(candidate: Any) -> Any:
@@ -244,8 +279,12 @@ async def test_the_scan_walks_from_a_random_offset_and_wraps_round(
         return "resumed"
 
     service = RecoveryService(
-        index=memory_store.recovery, settings=settings(recovery_scan_batch_size=10),
-        clock=clock, in_flight=lambda: 0, resume=resume, rng=random.Random(7),
+        index=memory_store.recovery,
+        settings=settings(recovery_scan_batch_size=10),
+        clock=clock,
+        in_flight=lambda: 0,
+        resume=resume,
+        rng=random.Random(7),
     )
     result = await service.run_once()
     assert result.found == 6
@@ -265,7 +304,7 @@ def test_settings_are_validated_at_start_up() -> None:
 
 
 def test_settings_come_from_the_environment_and_arguments_win(
-    monkeypatch: pytest.MonkeyPatch
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("FLOWX_LEASE_TTL", "12s")
     monkeypatch.setenv("FLOWX_RECOVERY_SCAN_INTERVAL", "2s")

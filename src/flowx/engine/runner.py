@@ -192,8 +192,15 @@ class Execution:
                     f"{expected!r}; a running instance's plan changed without a new version. "
                     "Deploy the old version beside the new one until its instances finish"
                 )
-            self._absorb((row.scope, row.step_id), row.attempt, row.outcome, row.result,
-                         row.nondeterministic, row.capability_version, row)
+            self._absorb(
+                (row.scope, row.step_id),
+                row.attempt,
+                row.outcome,
+                row.result,
+                row.nondeterministic,
+                row.capability_version,
+                row,
+            )
 
     # -- bookkeeping ---------------------------------------------------------------------
 
@@ -233,8 +240,15 @@ class Execution:
             await self.commit(step=step, state_bag=state_bag, events=events)
         except (FencedOut, LeaseLost) as exc:
             raise _Abort(str(exc)) from exc
-        self._absorb(key, step.attempt, step.outcome, step.result, step.nondeterministic,
-                     step.capability_version, None)
+        self._absorb(
+            key,
+            step.attempt,
+            step.outcome,
+            step.result,
+            step.nondeterministic,
+            step.capability_version,
+            None,
+        )
         if self._on_step is not None:
             self._on_step(self.instance_id, step)
 
@@ -282,8 +296,9 @@ class Execution:
             return self._result("completed")
         except _Abort as abort:
             # R3.5: another node owns this instance now. Discard, and never compensate.
-            log.warning("instance %s: aborting without compensation: %s", self.instance_id,
-                        abort.reason)
+            log.warning(
+                "instance %s: aborting without compensation: %s", self.instance_id, abort.reason
+            )
             return self._result("aborted", abort_reason=abort.reason)
 
     def _result(self, outcome: RunOutcome, **extra: Any) -> RunResult:
@@ -516,8 +531,16 @@ class Execution:
                     failures.append(error)
                     await self._write(
                         key,
-                        self._row(node, comp, done.scope, attempt, Outcome.COMPENSATION_FAILURE,
-                                  error, ctx, started),
+                        self._row(
+                            node,
+                            comp,
+                            done.scope,
+                            attempt,
+                            Outcome.COMPENSATION_FAILURE,
+                            error,
+                            ctx,
+                            started,
+                        ),
                     )
                     if _exhausted(failures, policy):
                         return False
@@ -526,8 +549,9 @@ class Execution:
                     continue
                 await self._write(
                     key,
-                    self._row(node, comp, done.scope, attempt, Outcome.COMPENSATED, "null",
-                              ctx, started),
+                    self._row(
+                        node, comp, done.scope, attempt, Outcome.COMPENSATED, "null", ctx, started
+                    ),
                 )
                 self.executed += 1
                 break

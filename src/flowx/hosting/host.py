@@ -279,15 +279,20 @@ class FlowHost:
             self._recovery_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._recovery_task
-        budget = self.settings.shutdown_drain_timeout.total_seconds() if timeout is None else timeout
+        budget = (
+            self.settings.shutdown_drain_timeout.total_seconds() if timeout is None else timeout
+        )
         tasks = list(self._tasks.values())
         if tasks:
             _done, pending = await asyncio.wait(tasks, timeout=budget)
             for task in pending:
                 task.cancel()
             if pending:
-                log.warning("drain: %d instance(s) still running after %.1fs; cancelled, "
-                            "leases released", len(pending), budget)
+                log.warning(
+                    "drain: %d instance(s) still running after %.1fs; cancelled, leases released",
+                    len(pending),
+                    budget,
+                )
                 await asyncio.gather(*pending, return_exceptions=True)
         if self.store is not None and self._opened:
             await self.store.close()
@@ -304,11 +309,11 @@ class FlowHost:
 
     def _require_accepting(self) -> None:
         if not self._opened:
-            raise FlowXError("the host is not open; use `async with FlowHost(...)`",
-                             code="host.not_open")
+            raise FlowXError(
+                "the host is not open; use `async with FlowHost(...)`", code="host.not_open"
+            )
         if not self._accepting:
-            raise FlowXError("the host is draining and accepts no new work",
-                             code="host.draining")
+            raise FlowXError("the host is draining and accepts no new work", code="host.draining")
 
     # -- starting --------------------------------------------------------------------------
 
@@ -375,8 +380,12 @@ class FlowHost:
                 "lease but has not written the instance; retry"
             )
         durable = DurableLease(
-            stores.leases, lease, ttl=ttl, renew_every=self.settings.renewal_interval,
-            clock=self.clock, acquired_at_monotonic=sent,
+            stores.leases,
+            lease,
+            ttl=ttl,
+            renew_every=self.settings.renewal_interval,
+            clock=self.clock,
+            acquired_at_monotonic=sent,
         )
         now = self.clock.now()
         tenant = plan.partition_key(value) if plan.partition_key is not None else None
@@ -417,14 +426,19 @@ class FlowHost:
                 f"{record.instance_id} of {record.flow_id} with a different input; use a new "
                 "key for a different request"
             )
-        return FlowHandle(self, self.plan(record.flow_id, record.flow_version),
-                          record.instance_id, created=False)
+        return FlowHandle(
+            self, self.plan(record.flow_id, record.flow_version), record.instance_id, created=False
+        )
 
     async def _start_ephemeral(self, plan: Plan, value: BaseModel) -> FlowHandle[Any]:
         instance_id = str(uuid.uuid4())
         execution = Execution(
-            plan=plan, instance_id=instance_id, input_value=value,
-            committer=_EphemeralCommitter(), clock=self.clock, registry=self.registry,
+            plan=plan,
+            instance_id=instance_id,
+            input_value=value,
+            committer=_EphemeralCommitter(),
+            clock=self.clock,
+            registry=self.registry,
         )
         self._ephemeral_results[instance_id] = await execution.run()
         return FlowHandle(self, plan, instance_id, created=True)
@@ -490,8 +504,11 @@ class FlowHost:
             # A failed commit may have committed: re-read before re-executing anything. The
             # lease is released below, so recovery (here or on a peer) re-opens the instance
             # from what the journal really holds.
-            log.warning("instance %s: journal unavailable mid-run (%s); left for recovery",
-                        record.instance_id, exc)
+            log.warning(
+                "instance %s: journal unavailable mid-run (%s); left for recovery",
+                record.instance_id,
+                exc,
+            )
         except FlowXError as exc:
             log.error("instance %s stopped: %s", record.instance_id, exc)
         except Exception:
@@ -526,12 +543,17 @@ class FlowHost:
         if lease is None:
             return "lost_race"
         durable = DurableLease(
-            stores.leases, lease, ttl=ttl, renew_every=self.settings.renewal_interval,
-            clock=self.clock, acquired_at_monotonic=sent,
+            stores.leases,
+            lease,
+            ttl=ttl,
+            renew_every=self.settings.renewal_interval,
+            clock=self.clock,
+            acquired_at_monotonic=sent,
         )
         try:
-            history = await stores.journal.open(instance_id, token=lease.token,
-                                                now=self.clock.now())
+            history = await stores.journal.open(
+                instance_id, token=lease.token, now=self.clock.now()
+            )
         except (FencedOut, UnknownInstance):
             await durable.release()
             return "lost_race"
@@ -559,8 +581,9 @@ class FlowHost:
             raise InstanceNotFound(instance_id)
         return record
 
-    def handle(self, instance_id: str, flow: Plan | str, version: str | None = None
-               ) -> FlowHandle[Any]:
+    def handle(
+        self, instance_id: str, flow: Plan | str, version: str | None = None
+    ) -> FlowHandle[Any]:
         return FlowHandle(self, self.plan(flow, version), instance_id, created=False)
 
     @property
@@ -569,14 +592,14 @@ class FlowHost:
 
     async def wait_idle(self, timeout: float | None = None) -> None:
         """Wait until no instance runs on this node (for tests and the demo)."""
+
         async def idle() -> None:
             while self._tasks:
                 await asyncio.gather(*list(self._tasks.values()), return_exceptions=True)
+
         await asyncio.wait_for(idle(), timeout)
 
 
 def _vkey(version: str) -> tuple[int, ...]:
     core = version.split("-")[0].split("+")[0]
     return tuple(int(p) for p in core.split("."))
-
-

@@ -90,8 +90,7 @@ class DurableLease:
                 return
             except FlowXError as exc:
                 # Unanswered is not refused: keep trying until the lease runs out locally.
-                log.warning("lease on %s not renewed (%s); retrying", self._lease.instance_id,
-                            exc)
+                log.warning("lease on %s not renewed (%s); retrying", self._lease.instance_id, exc)
                 if time.monotonic() >= self._live_until:
                     self._lost = f"renewal failed until the lease ran out: {exc}"
                     return
@@ -110,5 +109,6 @@ class DurableLease:
                 await self._store.release(self._lease, now=self._clock.now())
             except FlowXError as exc:
                 # The lease expires by itself; recovery then waits one TTL. Nothing is unsafe.
-                log.warning("lease on %s not released (%s); it will expire",
-                            self._lease.instance_id, exc)
+                log.warning(
+                    "lease on %s not released (%s); it will expire", self._lease.instance_id, exc
+                )

@@ -31,8 +31,9 @@ def from_url(url: str, *, migrate: bool = True) -> Stores:
     if url.startswith("sqlite:///"):
         path = url.removeprefix("sqlite:///")
         if not path:
-            raise FlowXError("sqlite URL has no path; write sqlite:///flowx.db",
-                             code="store.bad_url")
+            raise FlowXError(
+                "sqlite URL has no path; write sqlite:///flowx.db", code="store.bad_url"
+            )
         return sqlite(path, migrate=migrate)
     if url.startswith("sqlite://"):
         raise FlowXError(

@@ -28,8 +28,8 @@ from flowx.plan.model import (
     EmitNode,
     ForEachNode,
     ForkNode,
-    NoState,
     Node,
+    NoState,
     Plan,
     Profile,
     Retry,
@@ -147,8 +147,12 @@ class Body:
             _Draft(
                 kind="await_signal",
                 name=name or signal,
-                args={"signal": signal, "payload_type": payload_type, "timeout": timeout,
-                      "into": into},
+                args={
+                    "signal": signal,
+                    "payload_type": payload_type,
+                    "timeout": timeout,
+                    "into": into,
+                },
             )
         )
         return self
@@ -168,8 +172,7 @@ class Body:
     ) -> B:
         """Start ``plan`` as a child instance with ``input(input, state)`` and wait for it."""
         self._drafts.append(
-            _Draft(kind="sub_flow", name=name, args={"plan": plan, "input": input,
-                                                      "into": into})
+            _Draft(kind="sub_flow", name=name, args={"plan": plan, "input": input, "into": into})
         )
         return self
 
@@ -330,8 +333,9 @@ class _Compiler:
             return
         if state_model is NoState:
             raise self.error(
-                "FLOWX1015", f"{where} has into={into!r} but the flow declares no state=; "
-                "add state=YourStateModel to flowx.flow(...)"
+                "FLOWX1015",
+                f"{where} has into={into!r} but the flow declares no state=; "
+                "add state=YourStateModel to flowx.flow(...)",
             )
         if into not in state_model.model_fields:
             fields = ", ".join(state_model.model_fields) or "none"
@@ -430,9 +434,7 @@ class _Compiler:
             if a["into"] is not None and not _is_list_annotation(
                 state_model.model_fields[a["into"]].annotation
             ):
-                raise self.error(
-                    "FLOWX1011", f"{where}: into={a['into']!r} must be a list field"
-                )
+                raise self.error("FLOWX1011", f"{where}: into={a['into']!r} must be a list field")
             if not d.bodies[0]:
                 raise self.error("FLOWX1010", f"{where} has an empty body; add a step to it")
             return ForEachNode(
@@ -495,8 +497,9 @@ class _Compiler:
             step_id = self.claim(name)
             if len(d.bodies) < 2:
                 raise self.error(
-                    "FLOWX1013", f"fork {name!r} has {len(d.bodies)} branch(es); give it two or "
-                    "more, or write the steps inline"
+                    "FLOWX1013",
+                    f"fork {name!r} has {len(d.bodies)} branch(es); give it two or "
+                    "more, or write the steps inline",
                 )
             for i, branch in enumerate(d.bodies):
                 if not branch:

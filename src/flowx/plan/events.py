@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from pydantic import BaseModel
 
@@ -48,7 +48,7 @@ def event(
                 code="event.not_a_model",
             )
         hidden = frozenset(sensitive)
-        unknown = hidden - set(cls.model_fields)
+        unknown = hidden - set(cast(type[BaseModel], cls).model_fields)
         if unknown:
             raise FlowXError(
                 f"@flowx.event({event_type!r}): sensitive fields {sorted(unknown)} are not "

@@ -29,9 +29,7 @@ def load(package: str) -> tuple[Migration, ...]:
         match = _NAME.match(entry.name)
         if match is None:
             continue
-        found.append(
-            Migration(version=int(match[1]), name=match[2], sql=entry.read_text("utf-8"))
-        )
+        found.append(Migration(version=int(match[1]), name=match[2], sql=entry.read_text("utf-8")))
     found.sort(key=lambda m: m.version)
     for expected, migration in enumerate(found, start=1):
         if migration.version != expected:

@@ -154,10 +154,17 @@ class RecoveryIndex(Protocol):
 class Stores(Protocol):
     """**Protocol:** what a backend hands the host: its roles, plus lifecycle."""
 
-    journal: FlowJournal
-    leases: LeaseStore
-    recovery: RecoveryIndex
-    catalog: InstanceCatalog
+    @property
+    def journal(self) -> FlowJournal: ...
+
+    @property
+    def leases(self) -> LeaseStore: ...
+
+    @property
+    def recovery(self) -> RecoveryIndex: ...
+
+    @property
+    def catalog(self) -> InstanceCatalog: ...
 
     async def open(self) -> None:
         """Connect and bring the schema up to date (or refuse one the code does not know)."""

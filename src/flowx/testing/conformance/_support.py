@@ -30,8 +30,14 @@ def instance(instance_id: str | None = None, **kw: object) -> NewInstance:
     return NewInstance(**fields)  # type: ignore[arg-type]
 
 
-def step(step_id: int, attempt: int = 1, *, outcome: Outcome = Outcome.SUCCESS,
-         scope: str = "", result: str = '"ok"') -> StepWrite:
+def step(
+    step_id: int,
+    attempt: int = 1,
+    *,
+    outcome: Outcome = Outcome.SUCCESS,
+    scope: str = "",
+    result: str = '"ok"',
+) -> StepWrite:
     return StepWrite(
         scope=scope,
         step_id=step_id,
@@ -47,6 +53,9 @@ def step(step_id: int, attempt: int = 1, *, outcome: Outcome = Outcome.SUCCESS,
 
 def event(key: str | None = "k", payload: str = '{"n":1}') -> EventWrite:
     return EventWrite(
-        event_id=new_id(), type="conformance.happened", schema_version="1",
-        partition_key=key, payload=payload,
+        event_id=new_id(),
+        type="conformance.happened",
+        schema_version="1",
+        partition_key=key,
+        payload=payload,
     )

@@ -30,9 +30,7 @@ class JournalConformance:
         assert got.created_at == at(0)
         assert got.updated_at == at(0)
 
-    async def test_a_repeated_idempotency_key_returns_the_first_instance(
-        self, stores: Any
-    ) -> None:
+    async def test_a_repeated_idempotency_key_returns_the_first_instance(self, stores: Any) -> None:
         first = await stores.journal.create(
             instance(idempotency_key="order-42"), token=1, now=at(0)
         )
@@ -74,8 +72,13 @@ class JournalConformance:
         with pytest.raises(FencedOut) as refused:
             await stores.journal.commit(
                 StepCommit(
-                    instance_id=iid, token=4, now=at(1), step=step(1), state_bag='{"x":1}',
-                    state=InstanceState.COMPLETED, events=(event(),),
+                    instance_id=iid,
+                    token=4,
+                    now=at(1),
+                    step=step(1),
+                    state_bag='{"x":1}',
+                    state=InstanceState.COMPLETED,
+                    events=(event(),),
                 )
             )
         assert refused.value.token == 4
@@ -97,9 +100,12 @@ class JournalConformance:
             await stores.journal.commit(
                 StepCommit(instance_id=iid, token=1, now=at(3), step=step(2))
             )
-        assert await stores.journal.commit(
-            StepCommit(instance_id=iid, token=2, now=at(3), step=step(2))
-        ) == 2
+        assert (
+            await stores.journal.commit(
+                StepCommit(instance_id=iid, token=2, now=at(3), step=step(2))
+            )
+            == 2
+        )
 
     async def test_open_with_a_token_below_the_fence_is_refused(self, stores: Any) -> None:
         iid = (await stores.journal.create(instance(), token=7, now=at(0))).instance.instance_id
@@ -124,8 +130,12 @@ class JournalConformance:
         with pytest.raises(DuplicateStep) as dup:
             await stores.journal.commit(
                 StepCommit(
-                    instance_id=iid, token=1, now=at(2), step=step(1, result='"other"'),
-                    state_bag='{"v":2}', events=(event(),),
+                    instance_id=iid,
+                    token=1,
+                    now=at(2),
+                    step=step(1, result='"other"'),
+                    state_bag='{"v":2}',
+                    events=(event(),),
                 )
             )
         assert (dup.value.step_id, dup.value.attempt) == (1, 1)
@@ -140,21 +150,30 @@ class JournalConformance:
         self, stores: Any
     ) -> None:
         iid = (await stores.journal.create(instance(), token=1, now=at(0))).instance.instance_id
-        for write in (step(4, scope="0"), step(4, scope="1"), step(4, scope="1", attempt=2),
-                      step(4, scope="1/0")):
-            await stores.journal.commit(StepCommit(instance_id=iid, token=1, now=at(1),
-                                                   step=write))
+        for write in (
+            step(4, scope="0"),
+            step(4, scope="1"),
+            step(4, scope="1", attempt=2),
+            step(4, scope="1/0"),
+        ):
+            await stores.journal.commit(StepCommit(instance_id=iid, token=1, now=at(1), step=write))
         rows = await stores.journal.steps(iid)
-        assert [(r.scope, r.attempt) for r in rows] == [("0", 1), ("1", 1), ("1", 2),
-                                                        ("1/0", 1)]
+        assert [(r.scope, r.attempt) for r in rows] == [("0", 1), ("1", 1), ("1", 2), ("1/0", 1)]
 
     async def test_the_frontier_of_a_partial_history(self, stores: Any) -> None:
         iid = (await stores.journal.create(instance(), token=1, now=at(0))).instance.instance_id
         j = stores.journal
-        await j.commit(StepCommit(instance_id=iid, token=1, now=at(1), step=step(1),
-                                  state_bag='{"s":1}'))
-        await j.commit(StepCommit(instance_id=iid, token=1, now=at(2),
-                                  step=step(2, outcome=Outcome.FAILURE, result='{"e":1}')))
+        await j.commit(
+            StepCommit(instance_id=iid, token=1, now=at(1), step=step(1), state_bag='{"s":1}')
+        )
+        await j.commit(
+            StepCommit(
+                instance_id=iid,
+                token=1,
+                now=at(2),
+                step=step(2, outcome=Outcome.FAILURE, result='{"e":1}'),
+            )
+        )
         await j.commit(StepCommit(instance_id=iid, token=1, now=at(3), step=step(2, 2)))
         history = await j.open(iid, token=2, now=at(10))
         assert [(r.step_id, r.attempt, r.outcome, r.sequence) for r in history.steps] == [
@@ -170,9 +189,7 @@ class JournalConformance:
         assert row.duration_ms == 3
         assert row.committed_at == at(1)
 
-    async def test_resume_count_counts_takeovers_since_the_last_commit(
-        self, stores: Any
-    ) -> None:
+    async def test_resume_count_counts_takeovers_since_the_last_commit(self, stores: Any) -> None:
         iid = (await stores.journal.create(instance(), token=1, now=at(0))).instance.instance_id
         assert (await stores.journal.open(iid, token=2, now=at(1))).instance.resume_count == 1
         assert (await stores.journal.open(iid, token=3, now=at(2))).instance.resume_count == 2
@@ -190,8 +207,14 @@ class JournalConformance:
     async def test_a_transition_without_a_step_consumes_no_sequence(self, stores: Any) -> None:
         iid = (await stores.journal.create(instance(), token=1, now=at(0))).instance.instance_id
         seq = await stores.journal.commit(
-            StepCommit(instance_id=iid, token=1, now=at(4), state=InstanceState.FAILED,
-                       error='{"m":"x"}', state_bag='{"end":true}')
+            StepCommit(
+                instance_id=iid,
+                token=1,
+                now=at(4),
+                state=InstanceState.FAILED,
+                error='{"m":"x"}',
+                state_bag='{"end":true}',
+            )
         )
         assert seq is None
         after = await stores.journal.get(iid)
@@ -205,14 +228,18 @@ class JournalConformance:
         a = (await stores.journal.create(instance(), token=1, now=at(0))).instance.instance_id
         b = (await stores.journal.create(instance(), token=1, now=at(0))).instance.instance_id
         first, second, third = event("k1"), event("k2"), event(None)
-        await stores.journal.commit(StepCommit(instance_id=a, token=1, now=at(1), step=step(1),
-                                               events=(first, second)))
-        await stores.journal.commit(StepCommit(instance_id=b, token=1, now=at(2), step=step(1),
-                                               events=(third,)))
+        await stores.journal.commit(
+            StepCommit(instance_id=a, token=1, now=at(1), step=step(1), events=(first, second))
+        )
+        await stores.journal.commit(
+            StepCommit(instance_id=b, token=1, now=at(2), step=step(1), events=(third,))
+        )
         ea = await stores.journal.events(a)
         eb = await stores.journal.events(b)
         assert [(e.event_id, e.sequence, e.ordinal) for e in ea] == [
-            (first.event_id, 1, 0), (second.event_id, 1, 1)]
+            (first.event_id, 1, 0),
+            (second.event_id, 1, 1),
+        ]
         assert ea[0].payload == first.payload
         assert ea[1].partition_key == "k2"
         assert eb[0].partition_key is None

@@ -5,8 +5,6 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-import pytest
-
 from flowx.stores.records import InstanceState, StepCommit
 from flowx.testing.conformance._support import at, instance, step
 
@@ -19,9 +17,13 @@ class RecoveryIndexConformance:
 
     async def _make(self, stores: Any, state: InstanceState, updated: float) -> str:
         created = await stores.journal.create(
-            instance(state=InstanceState.PENDING if state is InstanceState.PENDING
-                     else InstanceState.RUNNING),
-            token=1, now=at(updated),
+            instance(
+                state=InstanceState.PENDING
+                if state is InstanceState.PENDING
+                else InstanceState.RUNNING
+            ),
+            token=1,
+            now=at(updated),
         )
         iid: str = created.instance.instance_id
         if state not in (InstanceState.PENDING, InstanceState.RUNNING):
@@ -35,28 +37,35 @@ class RecoveryIndexConformance:
         idle_compensating = await self._make(stores, InstanceState.COMPENSATING, 1)
         queued = await self._make(stores, InstanceState.PENDING, 95)
         await self._make(stores, InstanceState.RUNNING, 80)  # written 20 s ago: alive
-        for done in (InstanceState.COMPLETED, InstanceState.FAILED, InstanceState.SUSPENDED,
-                     InstanceState.COMPENSATION_FAILED, InstanceState.TIMED_OUT):
+        for done in (
+            InstanceState.COMPLETED,
+            InstanceState.FAILED,
+            InstanceState.SUSPENDED,
+            InstanceState.COMPENSATION_FAILED,
+            InstanceState.TIMED_OUT,
+        ):
             await self._make(stores, done, 0)
         page = await stores.recovery.find_abandoned(now=at(100), idle_for=IDLE, limit=50)
         assert {c.instance_id for c in page} == {idle_running, idle_compensating, queued}
         assert [c.instance_id for c in page] == [idle_running, idle_compensating, queued]
         first = page[0]
         assert (first.flow_id, first.flow_version, first.state) == (
-            "conformance.flow", "1.0.0", InstanceState.RUNNING)
+            "conformance.flow",
+            "1.0.0",
+            InstanceState.RUNNING,
+        )
 
     async def test_a_commit_takes_an_instance_out_of_the_scan(self, stores: Any) -> None:
         iid = await self._make(stores, InstanceState.RUNNING, 0)
-        await stores.journal.commit(StepCommit(instance_id=iid, token=1, now=at(90),
-                                               step=step(1)))
-        assert list(await stores.recovery.find_abandoned(now=at(100), idle_for=IDLE,
-                                                         limit=10)) == []
+        await stores.journal.commit(StepCommit(instance_id=iid, token=1, now=at(90), step=step(1)))
+        assert (
+            list(await stores.recovery.find_abandoned(now=at(100), idle_for=IDLE, limit=10)) == []
+        )
 
     async def test_a_page_is_bounded_and_holds_no_instance_twice(self, stores: Any) -> None:
         made = [await self._make(stores, InstanceState.RUNNING, i) for i in range(12)]
         pages = [
-            await stores.recovery.find_abandoned(now=at(500), idle_for=IDLE, limit=5,
-                                                 offset=off)
+            await stores.recovery.find_abandoned(now=at(500), idle_for=IDLE, limit=5, offset=off)
             for off in (0, 5, 10)
         ]
         assert [len(p) for p in pages] == [5, 5, 2]
@@ -66,5 +75,9 @@ class RecoveryIndexConformance:
 
     async def test_an_offset_past_the_end_is_an_empty_page(self, stores: Any) -> None:
         await self._make(stores, InstanceState.RUNNING, 0)
-        assert list(await stores.recovery.find_abandoned(now=at(500), idle_for=IDLE, limit=5,
-                                                         offset=3)) == []
+        assert (
+            list(
+                await stores.recovery.find_abandoned(now=at(500), idle_for=IDLE, limit=5, offset=3)
+            )
+            == []
+        )
