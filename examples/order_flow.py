@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import threading
 import time
 from datetime import UTC, datetime
 

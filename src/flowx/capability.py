@@ -9,10 +9,12 @@ each step row and reused on resume (R2.6).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import inspect
 import re
 from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -44,11 +46,15 @@ class Capability:
     def ref(self) -> str:
         return f"{self.id}@{self.version}"
 
-    async def invoke(self, ctx: Any, argument: Any) -> Any:
+    async def invoke(self, ctx: Any, argument: Any, executor: Executor | None = None) -> Any:
+        """Call the function; a plain ``def`` runs on ``executor`` (the host's capability
+        threads), so a blocking capability never stalls the event loop."""
         args = (ctx, argument) if self.takes_argument else (ctx,)
         if self.is_async:
             return await self.fn(*args)
-        return await asyncio.to_thread(self.fn, *args)
+        loop = asyncio.get_running_loop()
+        call = functools.partial(contextvars.copy_context().run, self.fn, *args)
+        return await loop.run_in_executor(executor, call)
 
 
 class CapabilityRegistry:

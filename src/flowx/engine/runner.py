@@ -16,6 +16,7 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -163,6 +164,7 @@ class Execution:
         tenant_id: str | None = None,
         registry: CapabilityRegistry | None = None,
         on_step: Callable[[str, StepWrite], None] | None = None,
+        executor: Executor | None = None,
     ) -> None:
         self.plan = plan
         self.instance_id = instance_id
@@ -176,6 +178,7 @@ class Execution:
         self.executed = 0
         self.replayed = 0
         self._on_step = on_step
+        self._executor = executor
         # R4.3 hazard: a step that kills its process would be resumed for ever. Every takeover
         # without a step commit in between is counted by the journal; past the limit, the step
         # about to run is failed instead of run again.
@@ -391,7 +394,7 @@ class Execution:
             ctx = self._context(node, scope, attempt, recorded=drawn)
             started = time.monotonic()
             try:
-                raw = await cap.invoke(ctx, argument)
+                raw = await cap.invoke(ctx, argument, self._executor)
                 text = codec.dumps(raw)
                 value = codec.loads(text)
                 new_state = self._applied(node.into, value)
@@ -525,7 +528,7 @@ class Execution:
                 )
                 started = time.monotonic()
                 try:
-                    await comp.invoke(ctx, done.argument)
+                    await comp.invoke(ctx, done.argument, self._executor)
                 except Exception as exc:
                     error = error_payload(exc)
                     failures.append(error)

@@ -16,6 +16,7 @@ import socket
 import time
 import uuid
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
@@ -194,6 +195,7 @@ class FlowHost:
         self._accepting = False
         self._opened = False
         self._recovery_task: asyncio.Task[None] | None = None
+        self._threads: ThreadPoolExecutor | None = None
         self.recovery = (
             RecoveryService(
                 index=store.recovery,
@@ -257,6 +259,9 @@ class FlowHost:
         """Connect the stores (migrating them) and start the recovery scan."""
         if self._opened:
             return
+        self._threads = ThreadPoolExecutor(
+            max_workers=self.settings.capability_threads, thread_name_prefix="flowx-capability"
+        )
         if self.store is not None:
             await self.store.open()
             if self._run_recovery and self.recovery is not None:
@@ -296,6 +301,9 @@ class FlowHost:
                 await asyncio.gather(*pending, return_exceptions=True)
         if self.store is not None and self._opened:
             await self.store.close()
+        if self._threads is not None:
+            self._threads.shutdown(wait=False, cancel_futures=True)
+            self._threads = None
         self._opened = False
 
     def _require_stores(self) -> Stores:
@@ -439,6 +447,7 @@ class FlowHost:
             committer=_EphemeralCommitter(),
             clock=self.clock,
             registry=self.registry,
+            executor=self._threads,
         )
         self._ephemeral_results[instance_id] = await execution.run()
         return FlowHandle(self, plan, instance_id, created=True)
@@ -494,6 +503,7 @@ class FlowHost:
                     max_resumes=self.settings.max_resumes_without_progress,
                     tenant_id=record.tenant_id,
                     registry=self.registry,
+                    executor=self._threads,
                 )
                 result = await execution.run()
                 log.debug("instance %s: %s", record.instance_id, result.outcome)

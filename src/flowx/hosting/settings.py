@@ -40,6 +40,8 @@ class HostSettings(BaseModel):
     recovery_scan_batch_size: int = 100
     max_concurrent_recoveries: int = 32
     max_concurrent_flows: int = 1_000
+    #: Threads that run plain-``def`` capabilities (``async def`` ones need none).
+    capability_threads: int = 64
     shutdown_drain_timeout: timedelta = timedelta(seconds=30)
     #: Takeovers in a row without a step commit before the frontier step is failed as poison.
     max_resumes_without_progress: int = 10
@@ -74,6 +76,7 @@ class HostSettings(BaseModel):
             "recovery_scan_batch_size",
             "max_concurrent_recoveries",
             "max_concurrent_flows",
+            "capability_threads",
             "max_resumes_without_progress",
         ):
             if getattr(self, name) < 1:
