@@ -40,22 +40,29 @@ class OrderPlaced(BaseModel):
     amount_cents: int
 
 
+_lock = threading.Lock()
+_conn: sqlite3.Connection | None = None
+
+
 def _ledger() -> sqlite3.Connection:
-    path = os.environ.get("FLOWX_DEMO_LEDGER", "ledger.db")
-    conn = sqlite3.connect(path, timeout=30, isolation_level=None)
-    conn.execute("PRAGMA journal_mode = WAL")
-    conn.execute(
-        "CREATE TABLE IF NOT EXISTS ledger (instance_id TEXT, step TEXT, attempt INTEGER, "
-        "idempotency_key TEXT, pid INTEGER, at TEXT)"
-    )
-    return conn
+    """One connection per process, used under a lock: the ledger is the demo's, not FlowX's,
+    and should not make capabilities queue on SQLite's busy handler."""
+    global _conn
+    if _conn is None:
+        path = os.environ.get("FLOWX_DEMO_LEDGER", "ledger.db")
+        _conn = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
+        _conn.execute("PRAGMA journal_mode = WAL")
+        _conn.execute(
+            "CREATE TABLE IF NOT EXISTS ledger (instance_id TEXT, step TEXT, attempt INTEGER, "
+            "idempotency_key TEXT, pid INTEGER, at TEXT)"
+        )
+    return _conn
 
 
 def record_effect(ctx: flowx.StepContext) -> None:
     """The non-idempotent effect: one ledger row per execution, then the rest of the work."""
-    conn = _ledger()
-    try:
-        conn.execute(
+    with _lock:
+        _ledger().execute(
             "INSERT INTO ledger VALUES (?, ?, ?, ?, ?, ?)",
             (
                 ctx.instance_id,
@@ -66,8 +73,6 @@ def record_effect(ctx: flowx.StepContext) -> None:
                 datetime.now(UTC).isoformat(),
             ),
         )
-    finally:
-        conn.close()
     time.sleep(int(os.environ.get("FLOWX_DEMO_WORK_MS", "150")) / 1000)
 
 
