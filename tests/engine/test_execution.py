@@ -544,3 +544,19 @@ async def test_an_unknown_flow_or_version_is_a_clear_error(host_factory: Any) ->
         await host.start("ex.nope", {"order_id": "u"})
     with pytest.raises(flowx.FlowNotFound):
         await host.start("ex.order", {"order_id": "u"}, version="9.9.9")
+
+
+async def test_an_input_with_no_json_form_is_refused_before_anything_is_written(
+    host_factory: Any, memory_store: Any
+) -> None:
+    class Reading(BaseModel):
+        value: float
+
+    plan = flowx.flow("ex.reading", version="1", input=Reading).step(reserve).build()
+    host = await host_factory(plan)
+    with pytest.raises(flowx.SerialisationError, match="NaN"):
+        await host.start(plan, Reading(value=float("nan")))
+    from flowx.stores.protocols import InstanceQuery
+
+    assert list(await memory_store.catalog.list_instances(InstanceQuery())) == []
+    assert memory_store._data.leases == {}  # not even a lease was taken

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from flowx.stores import migrations
 from flowx.stores.errors import (
@@ -66,6 +66,8 @@ class SqliteDatabase:
         self._busy_timeout_ms = busy_timeout_ms
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flowx-sqlite")
         self._conn: sqlite3.Connection | None = None
+        self._pending: list[tuple[Callable[[sqlite3.Connection], Any], asyncio.Future[Any]]] = []
+        self._flusher: asyncio.Task[None] | None = None
 
     @property
     def conn(self) -> sqlite3.Connection:
@@ -77,6 +79,78 @@ class SqliteDatabase:
         """Run ``fn(connection)`` on the database thread, translating driver errors."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, self._call, fn)
+
+    async def write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn(connection)`` as one atomic write, group-committed with its neighbours.
+
+        Writes that arrive while a batch is on the database thread wait and go together in the
+        next ``BEGIN IMMEDIATE … COMMIT``: one fsync for many step commits. Each write runs in
+        its own savepoint, so one that raises (``FencedOut``, ``DuplicateStep``) is rolled back
+        alone and the rest of its batch still commits (R2.3 holds per write).
+        """
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self._pending.append((fn, future))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = loop.create_task(self._flush(), name="flowx-sqlite-group-commit")
+        return await future  # type: ignore[no-any-return]
+
+    async def _flush(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._pending:
+            batch, self._pending = self._pending, []
+            try:
+                outcomes = await loop.run_in_executor(self._executor, self._write_batch, batch)
+            except BaseException as exc:  # the thread pool itself failed: fail the batch
+                outcomes = [(False, exc)] * len(batch)
+            for (_, future), (ok, value) in zip(batch, outcomes, strict=True):
+                if future.done():
+                    continue
+                if ok:
+                    future.set_result(value)
+                else:
+                    future.set_exception(value)
+
+    def _write_batch(
+        self, batch: list[tuple[Callable[[sqlite3.Connection], Any], asyncio.Future[Any]]]
+    ) -> list[tuple[bool, Any]]:
+        conn = self.conn
+        outcomes: list[tuple[bool, Any]] = []
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            error = self._unavailable(exc)
+            return [(False, error)] * len(batch)
+        try:
+            for fn, _ in batch:
+                conn.execute("SAVEPOINT flowx_write")
+                try:
+                    value = fn(conn)
+                except sqlite3.OperationalError as exc:
+                    conn.execute("ROLLBACK TO flowx_write")
+                    outcomes.append((False, self._unavailable(exc)))
+                except Exception as exc:
+                    conn.execute("ROLLBACK TO flowx_write")
+                    outcomes.append((False, exc))
+                else:
+                    outcomes.append((True, value))
+                conn.execute("RELEASE flowx_write")
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            # Not committed: every write of the batch is refused, retryable.
+            if conn.in_transaction:
+                conn.rollback()
+            error = self._unavailable(exc)
+            return [(False, error)] * len(batch)
+        return outcomes
+
+    def _unavailable(self, exc: sqlite3.Error) -> JournalUnavailable:
+        error = JournalUnavailable(
+            f"SQLite store {self.path} did not accept the write ({exc}); it is retryable once "
+            "the lock holder or the disk is back"
+        )
+        error.__cause__ = exc
+        return error
 
     def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         conn = self.conn
@@ -181,6 +255,8 @@ class SqliteDatabase:
         return int(row[0] or 0)
 
     async def close(self) -> None:
+        if self._flusher is not None and not self._flusher.done():
+            await self._flusher
         conn, self._conn = self._conn, None
         if conn is not None:
             await asyncio.get_running_loop().run_in_executor(self._executor, conn.close)

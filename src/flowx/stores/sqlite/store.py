@@ -1,8 +1,9 @@
 """The SQLite journal, lease store, recovery index and catalog, over one ``SqliteDatabase``.
 
-Every write is one ``BEGIN IMMEDIATE`` transaction: it takes the file's write lock up front, so
-two processes never both read the fence and then both write (the lock is SQLite's equivalent of
-PostgreSQL's row lock under which the fence is checked).
+Every write runs inside a ``BEGIN IMMEDIATE`` transaction (``SqliteDatabase.write``, which
+group-commits concurrent writes): it takes the file's write lock up front, so two processes
+never both read the fence and then both write — the lock is SQLite's equivalent of the row lock
+under which PostgreSQL checks the fence.
 """
 
 from __future__ import annotations
@@ -119,7 +120,6 @@ class SqliteJournal:
 
     async def create(self, instance: NewInstance, *, token: int, now: datetime) -> CreateResult:
         def tx(conn: sqlite3.Connection) -> CreateResult:
-            conn.execute("BEGIN IMMEDIATE")
             row = conn.execute(_SELECT_INSTANCE, (instance.instance_id,)).fetchone()
             if row is None and instance.idempotency_key is not None:
                 row = conn.execute(
@@ -128,7 +128,6 @@ class SqliteJournal:
                     (instance.flow_id, instance.idempotency_key),
                 ).fetchone()
             if row is not None:
-                conn.execute("COMMIT")
                 return CreateResult(instance=_instance(row), created=False)
             stamp = to_text(now)
             conn.execute(
@@ -158,14 +157,12 @@ class SqliteJournal:
                 ),
             )
             created = conn.execute(_SELECT_INSTANCE, (instance.instance_id,)).fetchone()
-            conn.execute("COMMIT")
             return CreateResult(instance=_instance(created), created=True)
 
-        return await self._db.run(tx)
+        return await self._db.write(tx)
 
     async def open(self, instance_id: str, *, token: int, now: datetime) -> History:
         def tx(conn: sqlite3.Connection) -> History:
-            conn.execute("BEGIN IMMEDIATE")
             row = conn.execute(
                 "SELECT fence FROM flow_instance WHERE instance_id = ?", (instance_id,)
             ).fetchone()
@@ -182,14 +179,12 @@ class SqliteJournal:
             )
             instance = _instance(conn.execute(_SELECT_INSTANCE, (instance_id,)).fetchone())
             steps = tuple(_step(r) for r in conn.execute(_SELECT_STEPS, (instance_id,)))
-            conn.execute("COMMIT")
             return History(instance=instance, steps=steps)
 
-        return await self._db.run(tx)
+        return await self._db.write(tx)
 
     async def commit(self, commit: StepCommit) -> int | None:
         def tx(conn: sqlite3.Connection) -> int | None:
-            conn.execute("BEGIN IMMEDIATE")
             row = conn.execute(
                 "SELECT fence, next_sequence FROM flow_instance WHERE instance_id = ?",
                 (commit.instance_id,),
@@ -214,7 +209,6 @@ class SqliteJournal:
                         commit.instance_id,
                     ),
                 )
-                conn.execute("COMMIT")
                 return None
             try:
                 conn.execute(
@@ -279,10 +273,9 @@ class SqliteJournal:
                         for ordinal, e in enumerate(commit.events)
                     ],
                 )
-            conn.execute("COMMIT")
             return int(sequence)
 
-        return await self._db.run(tx)
+        return await self._db.write(tx)
 
     async def get(self, instance_id: str) -> InstanceRecord | None:
         def q(conn: sqlite3.Connection) -> InstanceRecord | None:
@@ -330,14 +323,12 @@ class SqliteLeaseStore:
         self, instance_id: str, *, owner: str, ttl: timedelta, now: datetime, floor: int = 0
     ) -> Lease | None:
         def tx(conn: sqlite3.Connection) -> Lease | None:
-            conn.execute("BEGIN IMMEDIATE")
             row = conn.execute(
                 "SELECT fencing_token, expires_at FROM flow_lease WHERE instance_id = ?",
                 (instance_id,),
             ).fetchone()
             stamp, expires = to_text(now), now + ttl
             if row is not None and row[1] > stamp:
-                conn.execute("COMMIT")
                 return None
             token = max(row[0] if row else 0, floor) + 1
             conn.execute(
@@ -347,10 +338,9 @@ class SqliteLeaseStore:
                 "expires_at = excluded.expires_at, acquired_at = excluded.acquired_at",
                 (instance_id, owner, token, to_text(expires), stamp),
             )
-            conn.execute("COMMIT")
             return Lease(instance_id=instance_id, owner=owner, token=token, expires_at=expires)
 
-        return await self._db.run(tx)
+        return await self._db.write(tx)
 
     async def renew(self, lease: Lease, *, ttl: timedelta, now: datetime) -> Lease:
         def tx(conn: sqlite3.Connection) -> Lease:
@@ -371,7 +361,7 @@ class SqliteLeaseStore:
                 expires_at=expires,
             )
 
-        return await self._db.run(tx)
+        return await self._db.write(tx)
 
     async def release(self, lease: Lease, *, now: datetime) -> None:
         def tx(conn: sqlite3.Connection) -> None:
@@ -382,7 +372,7 @@ class SqliteLeaseStore:
                 (stamp, lease.instance_id, lease.token, stamp),
             )
 
-        await self._db.run(tx)
+        await self._db.write(tx)
 
     async def current(self, instance_id: str) -> Lease | None:
         def q(conn: sqlite3.Connection) -> Lease | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -245,3 +246,47 @@ class JournalConformance:
         assert eb[0].partition_key is None
         assert ea[0].staged_seq < ea[1].staged_seq < eb[0].staged_seq
         assert all(e.published_at is None for e in (*ea, *eb))
+
+    async def test_concurrent_commits_succeed_or_fail_one_by_one(self, stores: Any) -> None:
+        """A store that groups commits (one transaction for many) must keep each atomic."""
+        j = stores.journal
+        good = (await j.create(instance(), token=1, now=at(0))).instance.instance_id
+        fenced = (await j.create(instance(), token=5, now=at(0))).instance.instance_id
+        dup = (await j.create(instance(), token=1, now=at(0))).instance.instance_id
+        await j.commit(StepCommit(instance_id=dup, token=1, now=at(1), step=step(1)))
+        results = await asyncio.gather(
+            j.commit(
+                StepCommit(
+                    instance_id=good,
+                    token=1,
+                    now=at(2),
+                    step=step(1),
+                    state_bag='{"g":1}',
+                    events=(event(),),
+                )
+            ),
+            j.commit(
+                StepCommit(
+                    instance_id=fenced,
+                    token=4,
+                    now=at(2),
+                    step=step(1),
+                    state_bag='{"f":1}',
+                    events=(event(),),
+                )
+            ),
+            j.commit(
+                StepCommit(instance_id=dup, token=1, now=at(2), step=step(1), state_bag='{"d":1}')
+            ),
+            j.commit(StepCommit(instance_id=good, token=1, now=at(3), step=step(2))),
+            return_exceptions=True,
+        )
+        assert results[0] == 1 and results[3] == 2
+        assert isinstance(results[1], FencedOut)
+        assert isinstance(results[2], DuplicateStep)
+        assert (await j.get(good)).state_bag == '{"g":1}'
+        assert len(await j.events(good)) == 1
+        assert (await j.get(fenced)).state_bag == "{}"
+        assert list(await j.steps(fenced)) == [] and list(await j.events(fenced)) == []
+        assert (await j.get(dup)).state_bag == "{}"
+        assert len(await j.steps(dup)) == 1

@@ -1,0 +1,158 @@
+"""B7: step-commits per second through the real engine, at concurrency 1, 16 and 64.
+
+N instances of an M-step flow run through ``FlowHost`` on a real store; each step's
+capability does nothing, so what is measured is the runtime's own cost per step boundary: the
+engine, the lease, and the journal commit. Every commit's latency is taken at the journal seam.
+
+    python -m benchmarks.journal_throughput --store sqlite:///bench.db
+
+Writes ``benchmarks/results/journal_throughput-<backend>.json`` and prints a table. A benchmark,
+not a test: it asserts nothing about speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+import flowx
+from flowx.stores.records import StepCommit
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+class Job(BaseModel):
+    n: int
+
+
+class JobState(BaseModel):
+    last: int | None = None
+
+
+@flowx.capability("bench.noop", version="1.0.0")
+async def noop(ctx: flowx.StepContext, job: Job) -> int:
+    return job.n
+
+
+def make_plan(steps: int) -> flowx.Plan:
+    builder = flowx.flow("bench.flow", version="1.0.0", input=Job, state=JobState)
+    for i in range(steps):
+        builder.step(noop, name=f"s{i}", into="last")
+    return builder.build()
+
+
+class TimedJournal:
+    """Delegates to a journal, timing each commit (the hot path under measurement)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.latencies: list[float] = []
+
+    async def commit(self, commit: StepCommit) -> int | None:
+        started = time.perf_counter()
+        try:
+            return await self._inner.commit(commit)  # type: ignore[no-any-return]
+        finally:
+            self.latencies.append(time.perf_counter() - started)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class TimedStores:
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.journal = TimedJournal(inner.journal)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def run_level(url: str, plan: flowx.Plan, instances: int, concurrency: int) -> dict[str, Any]:
+    stores = TimedStores(flowx.from_url(url))
+    settings = flowx.HostSettings(max_concurrent_flows=concurrency)
+    async with flowx.FlowHost(store=stores, flows=[plan], settings=settings,  # type: ignore[arg-type]
+                              recovery=False) as host:
+        gate = asyncio.Semaphore(concurrency)
+
+        async def one(n: int) -> None:
+            async with gate:
+                handle = await host.start(plan, Job(n=n))
+                await handle.result(poll=0.001)
+
+        await one(-1)  # warm-up: schema, statement cache, first connection
+        stores.journal.latencies.clear()
+        started = time.perf_counter()
+        await asyncio.gather(*(one(n) for n in range(instances)))
+        elapsed = time.perf_counter() - started
+    lat = stores.journal.latencies
+    step_commits = instances * len(plan.body)
+    return {
+        "concurrency": concurrency,
+        "instances": instances,
+        "steps_per_instance": len(plan.body),
+        "elapsed_s": round(elapsed, 3),
+        "step_commits": step_commits,
+        "all_commits": len(lat),
+        "step_commits_per_s": round(step_commits / elapsed, 1),
+        "flows_per_s": round(instances / elapsed, 1),
+        "commit_p50_ms": round(percentile(lat, 0.50) * 1000, 3),
+        "commit_p99_ms": round(percentile(lat, 0.99) * 1000, 3),
+        "commit_mean_ms": round(statistics.fmean(lat) * 1000, 3) if lat else 0.0,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--store", default=None, help="store URL (default: a fresh SQLite file)")
+    parser.add_argument("--instances", type=int, default=500)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--concurrency", default="1,16,64")
+    args = parser.parse_args()
+    plan = make_plan(args.steps)
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for level in (int(c) for c in args.concurrency.split(",")):
+            url = args.store or f"sqlite:///{Path(tmp) / f'bench-{level}.db'}"
+            results.append(asyncio.run(run_level(url, plan, args.instances, level)))
+    backend = (args.store or "sqlite://").split(":", 1)[0]
+    record = {
+        "benchmark": "B7 journal throughput",
+        "store": backend,
+        "when": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
+        "note": "each level commits `steps` step rows plus one final transition per instance",
+        "results": results,
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / f"journal_throughput-{backend}.json"
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    cols = ["concurrency", "step_commits_per_s", "flows_per_s", "commit_p50_ms",
+            "commit_p99_ms", "elapsed_s"]
+    print(f"B7 journal throughput on {backend}: {args.instances} instances x {args.steps} steps")
+    print("  ".join(f"{c:>18}" for c in cols))
+    for r in results:
+        print("  ".join(f"{r[c]:>18}" for c in cols))
+    print(f"written to {out.relative_to(Path.cwd()) if out.is_relative_to(Path.cwd()) else out}")
+
+
+if __name__ == "__main__":
+    main()
