@@ -134,3 +134,12 @@ def test_a_bad_store_url_is_explained(tmp_path: Path) -> None:
     code, _, err = invoke("list", "--db", "sqlite://relative.db")
     assert code == 1
     assert "three slashes" in err
+
+
+def test_json_is_also_a_flag(db: str) -> None:
+    started = start(db, "--input", '{"name": "di"}')
+    code, out, _ = invoke("show", str(started["instance_id"]), "--db", db, "--json")
+    assert code == 0
+    assert json.loads(out)["instance"]["instance_id"] == started["instance_id"]
+    code, out, _ = invoke("list", "--db", db)
+    assert code == 0 and not out.startswith("[")  # text stays the default

@@ -40,9 +40,12 @@ db_option = click.option(
     show_default=True,
     help="Store URL (sqlite:///path.db); also FLOWX_DATABASE_URL.",
 )
-output_option = click.option(
-    "-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True
-)
+def output_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``-o text|json``, with ``--json`` as the short way to say ``-o json``."""
+    fn = click.option("--json", "output", flag_value="json", help="Same as -o json.")(fn)
+    return click.option(
+        "-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True
+    )(fn)
 flows_option = click.option(
     "--flows",
     "flows",
