@@ -28,3 +28,12 @@ greeting = (
 )
 
 FLOWS = [greeting]
+
+#: Same capability, no journal: `flowx start` must refuse it rather than run it and forget it.
+scratch = (
+    flowx.flow("cli.scratch", version="1.0.0", input=Greeting, state=Said, profile=flowx.Ephemeral)
+    .step(greet, into="text")
+    .build()
+)
+
+FLOWS_WITH_EPHEMERAL = [greeting, scratch]

@@ -267,11 +267,11 @@ async def test_the_scan_walks_from_a_random_offset_and_wraps_round(
                 flow_version="1.0.0",
                 input="{}",
                 state_bag="{}",
-                state=InstanceState.PENDING,
             ),
             token=1,
             now=clock.now() + timedelta(seconds=i),
         )
+    clock.advance(seconds=60)  # all six are idle past a TTL
     seen: list[str] = []
 
     async def resume(candidate: Any) -> Any:

@@ -31,8 +31,14 @@ async def test_a_new_file_is_created_migrated_and_marked(tmp_path: Path) -> None
     versions = [r[0] for r in conn.execute("SELECT version FROM flowx_schema_migrations")]
     assert versions == list(range(1, SCHEMA_VERSION + 1))
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    assert {"flow_instance", "flow_step", "outbox_event", "flow_lease", "retention_policy",
-            "change_cursor"} <= tables
+    assert {
+        "flow_instance",
+        "flow_step",
+        "outbox_event",
+        "flow_lease",
+        "retention_policy",
+        "change_cursor",
+    } <= tables
 
 
 async def test_reopening_a_journal_keeps_its_data(tmp_path: Path) -> None:
@@ -75,8 +81,10 @@ async def test_a_schema_newer_than_the_code_is_refused_and_left_alone(tmp_path: 
     await stores.open()
     await stores.close()
     conn = sqlite3.connect(path)
-    conn.execute("INSERT INTO flowx_schema_migrations VALUES (?, 'from_the_future', 'x')",
-                 (SCHEMA_VERSION + 1,))
+    conn.execute(
+        "INSERT INTO flowx_schema_migrations VALUES (?, 'from_the_future', 'x')",
+        (SCHEMA_VERSION + 1,),
+    )
     conn.commit()
     conn.close()
     with pytest.raises(flowx.SchemaTooNew) as refused:
@@ -146,8 +154,11 @@ def test_several_processes_never_share_a_lease(tmp_path: Path) -> None:
     asyncio.run(_init(path))
     n = 200
     procs = [
-        subprocess.Popen([sys.executable, "-c", _CONTENDER, str(path), str(n), f"p{k}"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        subprocess.Popen(
+            [sys.executable, "-c", _CONTENDER, str(path), str(n), f"p{k}"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         for k in range(3)
     ]
     outputs = [p.communicate(timeout=120) for p in procs]
@@ -161,5 +172,3 @@ async def _init(path: Path) -> None:
     stores = SqliteStores(path)
     await stores.open()
     await stores.close()
-
-

@@ -1,19 +1,29 @@
 """``flowx``: run a worker, start, list and inspect instances, migrate a store.
 
-Exit codes: 0 ok, 1 error, 2 usage, 3 not found, 4 illegal state. Every FlowX error is printed
-as one line on stderr with what to do; no traceback.
+Exit codes are part of the interface, so scripts can branch without parsing messages:
+
+* 0 — done;
+* 1 — a FlowX error (bad input, bad store URL, a file that is not a journal, ...);
+* 2 — a usage error (click's own: unknown option, bad ``--before`` cursor, ...);
+* 3 — not found: no such instance, or no such flow among ``--flows``;
+* 4 — illegal state: reserved for commands that act on an instance's state.
+
+Every FlowX error is printed as one ``error: ...`` line on stderr saying what to do, never as a
+traceback: an operator at a terminal needs the fix, not the call stack. Anything else is a bug
+and keeps its traceback.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
+import sqlite3
 import sys
-from collections.abc import Awaitable, Callable
-from datetime import datetime
+from collections.abc import AsyncIterator, Callable, Coroutine
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import click
 
@@ -24,13 +34,19 @@ from flowx.hosting.host import FlowHost
 from flowx.hosting.settings import HostSettings
 from flowx.hosting.stores import DEFAULT_URL, from_url
 from flowx.hosting.worker import configure_logging, load_flows, serve
+from flowx.stores.errors import UnknownInstance
 from flowx.stores.protocols import InstanceQuery, Stores
-from flowx.stores.records import InstanceRecord, InstanceState
+from flowx.stores.records import InstanceRecord, InstanceState, StepRecord
 from flowx.stores.sqlite import SqliteStores
 
 T = TypeVar("T")
 
-EXIT_ERROR, EXIT_NOT_FOUND, EXIT_ILLEGAL_STATE = 1, 3, 4
+EXIT_ERROR = 1
+EXIT_NOT_FOUND = 3
+#: Reserved for commands that change an instance (cancel, retry) and find it in the wrong state.
+EXIT_ILLEGAL_STATE = 4
+
+_NOT_FOUND: tuple[type[FlowXError], ...] = (InstanceNotFound, UnknownInstance, FlowNotFound)
 
 db_option = click.option(
     "--db",
@@ -40,12 +56,24 @@ db_option = click.option(
     show_default=True,
     help="Store URL (sqlite:///path.db); also FLOWX_DATABASE_URL.",
 )
+
+
 def output_option(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``-o text|json``, with ``--json`` as the short way to say ``-o json``."""
+    """``-o text|json``, with ``--json`` as the short way to say ``-o json``.
+
+    Both options write the one ``output`` parameter, so a command sees a single value.
+    """
     fn = click.option("--json", "output", flag_value="json", help="Same as -o json.")(fn)
     return click.option(
-        "-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True
+        "-o",
+        "--output",
+        type=click.Choice(["text", "json"]),
+        default="text",
+        show_default=True,
+        help="text for people, json (one document) for scripts.",
     )(fn)
+
+
 flows_option = click.option(
     "--flows",
     "flows",
@@ -56,38 +84,95 @@ flows_option = click.option(
 )
 
 
-def run(coro: Awaitable[T]) -> T:
-    """Run a coroutine, turning FlowX errors into one line and an exit code."""
+# -- plumbing -------------------------------------------------------------------------------
+
+
+def exit_code(exc: FlowXError) -> int:
+    """The exit code for a FlowX error: 3 when something named does not exist, else 1."""
+    return EXIT_NOT_FOUND if isinstance(exc, _NOT_FOUND) else EXIT_ERROR
+
+
+def fail(exc: FlowXError) -> NoReturn:
+    """Print ``exc`` as one line on stderr and exit with its code."""
+    click.echo(f"error: {exc}", err=True)
+    sys.exit(exit_code(exc))
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    """Run one coroutine to completion, turning a FlowX error into a line and an exit code.
+
+    Each command is one ``asyncio.run``: the stores' threads and the event loop live exactly as
+    long as the command does.
+    """
     try:
-        return asyncio.run(coro)  # type: ignore[arg-type]
-    except (InstanceNotFound, FlowNotFound) as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_NOT_FOUND)
+        return asyncio.run(coro)
     except FlowXError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_ERROR)
+        fail(exc)
 
 
-def with_stores(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
-    @functools.wraps(fn)
-    async def wrapper(db: str, *args: Any, **kwargs: Any) -> T:
-        stores = from_url(db)
+@asynccontextmanager
+async def open_stores(url: str) -> AsyncIterator[Stores]:
+    """Open (and so migrate) the stores a URL names, and always close them.
+
+    ``close`` runs even when ``open`` fails — on a file that is not a journal, say — so the
+    store's database thread never outlives the command.
+    """
+    stores = from_url(url)
+    try:
         await stores.open()
-        try:
-            return await fn(stores, *args, **kwargs)
-        finally:
-            await stores.close()
+        yield stores
+    finally:
+        await stores.close()
 
-    return wrapper
+
+def _payload(text: str | None) -> Any:
+    """Decode a stored JSON payload for ``-o json``, so scripts get values, not strings."""
+    return codec.loads(text) if text else None
 
 
 def instance_dict(r: InstanceRecord) -> dict[str, Any]:
+    """An instance row as JSON, with its payloads decoded."""
     data = dataclasses.asdict(r)
     data["state"] = r.state.value
     for field in ("input", "state_bag", "error"):
-        text = data.pop(field)
-        data[field] = codec.loads(text) if text else None
+        data[field] = _payload(data[field])
     return data
+
+
+def step_dict(s: StepRecord) -> dict[str, Any]:
+    """A step row as JSON, with its result decoded and in full."""
+    data = dataclasses.asdict(s)
+    data["outcome"] = s.outcome.value
+    data["result"] = _payload(s.result)
+    return data
+
+
+def _stamp(moment: datetime, timespec: str = "seconds") -> str:
+    return moment.isoformat(timespec=timespec)
+
+
+def _cursor(before: str) -> tuple[datetime, str]:
+    """Parse ``CREATED_AT,ID`` as printed by the previous page.
+
+    A timestamp without a zone is taken as UTC, the zone every store writes: a local-time
+    reading would silently page from the wrong place.
+    """
+    stamp, sep, instance_id = before.partition(",")
+    try:
+        moment = datetime.fromisoformat(stamp)
+    except ValueError:
+        moment = None
+    if moment is None or not sep or not instance_id:
+        raise click.BadParameter(
+            f"{before!r} is not CREATED_AT,ID (copy it from the 'more:' line of the last page)",
+            param_hint="--before",
+        )
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment, instance_id
+
+
+# -- commands -------------------------------------------------------------------------------
 
 
 @click.group()
@@ -101,16 +186,25 @@ def cli() -> None:
 @flows_option
 @click.option("--node-id", default=None, help="Name of this node in leases and logs.")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text")
-@click.option("--log-level", default="info", show_default=True)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error", "critical"], case_sensitive=False),
+    default="info",
+    show_default=True,
+)
 @click.option(
     "--ready-file",
-    type=click.Path(path_type=Path),
+    type=click.Path(dir_okay=False, path_type=Path),
     default=None,
-    help="Write the node id here once the worker is ready.",
+    help="Write the node id here once the worker is ready (for supervisors and tests).",
 )
-@click.option("--lease-ttl", default=None, help="e.g. 30s (FLOWX_LEASE_TTL)")
-@click.option("--recovery-scan-interval", default=None, help="e.g. 10s")
-@click.option("--shutdown-drain-timeout", default=None, help="e.g. 30s")
+@click.option("--lease-ttl", default=None, help="e.g. 30s (also FLOWX_LEASE_TTL).")
+@click.option(
+    "--recovery-scan-interval", default=None, help="e.g. 10s (also FLOWX_RECOVERY_SCAN_INTERVAL)."
+)
+@click.option(
+    "--shutdown-drain-timeout", default=None, help="e.g. 30s (also FLOWX_SHUTDOWN_DRAIN_TIMEOUT)."
+)
 def worker(
     db: str,
     flows: tuple[str, ...],
@@ -123,23 +217,22 @@ def worker(
     shutdown_drain_timeout: str | None,
 ) -> None:
     """Run a node: execute instances, renew leases, recover, drain on SIGTERM."""
+    # Logging first, so every line the node logs — from importing --flows on — is already in
+    # the format and at the level the supervisor collects.
     configure_logging(log_format, log_level)
-
-    async def main() -> int:
+    try:
         settings = HostSettings.load(
             lease_ttl=lease_ttl,
             recovery_scan_interval=recovery_scan_interval,
             shutdown_drain_timeout=shutdown_drain_timeout,
         )
-        return await serve(
-            store_url=db,
-            plans=load_flows(flows),
-            settings=settings,
-            node_id=node_id,
-            ready_file=ready_file,
-        )
-
-    sys.exit(run(main()))
+        plans = load_flows(flows)
+    except FlowXError as exc:
+        fail(exc)
+    code = run(
+        serve(store_url=db, plans=plans, settings=settings, node_id=node_id, ready_file=ready_file)
+    )
+    sys.exit(code)
 
 
 @cli.command()
@@ -148,8 +241,13 @@ def worker(
 @flows_option
 @output_option
 @click.option("--version", "version", default=None, help="Flow version (default: highest).")
-@click.option("--input", "input_json", default=None, help="The input as JSON.")
-@click.option("--input-file", type=click.Path(exists=True, path_type=Path), default=None)
+@click.option("--input", "input_json", default=None, help="The input as JSON (default: {}).")
+@click.option(
+    "--input-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="Read the input JSON from this file.",
+)
 @click.option(
     "--idempotency-key", default=None, help="A repeated key returns the instance it started first."
 )
@@ -163,31 +261,60 @@ def start(
     input_file: Path | None,
     idempotency_key: str | None,
 ) -> None:
-    """Start an instance, left Pending for any worker to run."""
+    """Start an instance, left Pending for any worker to run.
+
+    The command only journals the instance and exits; a ``flowx worker`` carrying the flow
+    picks it up, so starting never depends on this process staying alive.
+    """
     if input_json is not None and input_file is not None:
         raise click.UsageError("give --input or --input-file, not both")
     payload = input_file.read_text() if input_file is not None else (input_json or "{}")
 
     async def main() -> tuple[str, bool]:
-        host = FlowHost(store=from_url(db), flows=load_flows(flows), recovery=False)
-        async with host:
-            handle = await host.start(
-                flow_id, payload, version=version, idempotency_key=idempotency_key, run_here=False
+        stores = from_url(db)
+        host = FlowHost(store=stores, flows=load_flows(flows), recovery=False)
+        plan = host.plan(flow_id, version)
+        if not plan.durable:
+            # An Ephemeral flow would run inside this command and vanish with it: the id printed
+            # would name nothing any worker or `flowx show` could find.
+            raise FlowXError(
+                f"{plan.ref} is Ephemeral, so it has no journal a worker could run it from; "
+                "start it in-process with FlowHost.start, or declare it Durable",
+                code="cli.ephemeral_flow",
             )
-            return handle.instance_id, handle.created
+        try:
+            async with host:
+                handle = await host.start(
+                    plan, payload, idempotency_key=idempotency_key, run_here=False
+                )
+                return handle.instance_id, handle.created
+        finally:
+            await stores.close()  # idempotent; covers an open() that failed half-way
 
     instance_id, created = run(main())
     if output == "json":
         emit_json({"instance_id": instance_id, "created": created})
-    else:
-        click.echo(instance_id if created else f"{instance_id} (already started with this key)")
+        return
+    # stdout carries only the id, so `id=$(flowx start ...)` works either way.
+    click.echo(instance_id)
+    if not created:
+        click.echo(
+            f"note: idempotency key {idempotency_key!r} already started this instance; "
+            "nothing new was started",
+            err=True,
+        )
 
 
 @cli.command(name="list")
 @db_option
 @output_option
-@click.option("--flow", "flow_id", default=None)
-@click.option("--state", type=click.Choice([s.value for s in InstanceState]), default=None)
+@click.option("--flow", "flow_id", default=None, help="Only instances of this flow id.")
+@click.option(
+    "--state",
+    type=click.Choice([s.value for s in InstanceState], case_sensitive=False),
+    default=None,
+    help="Only instances in this state.",
+)
 @click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
 @click.option(
     "--before",
@@ -198,28 +325,29 @@ def start(
 def list_(
     db: str, output: str, flow_id: str | None, state: str | None, limit: int, before: str | None
 ) -> None:
-    """List instances, newest first."""
-    cursor: tuple[datetime, str] | None = None
-    if before:
-        stamp, _, iid = before.partition(",")
-        try:
-            cursor = (datetime.fromisoformat(stamp), iid)
-        except ValueError as exc:
-            raise click.UsageError(f"--before {before!r} is not CREATED_AT,ID") from exc
+    """List instances, newest first.
 
-    @with_stores
-    async def main(stores: Stores) -> list[InstanceRecord]:
-        query = InstanceQuery(
-            limit=limit,
-            flow_id=flow_id,
-            state=InstanceState(state) if state else None,
-            before=cursor,
-        )
-        return list(await stores.catalog.list_instances(query))
+    Paged by keyset (created_at, instance id) rather than offset, so a page is stable while
+    new instances keep arriving at the top.
+    """
+    cursor = _cursor(before) if before else None
+    query = InstanceQuery(
+        limit=limit,
+        flow_id=flow_id,
+        state=InstanceState(state) if state else None,
+        before=cursor,
+    )
 
-    rows = run(main(db))
+    async def main() -> list[InstanceRecord]:
+        async with open_stores(db) as stores:
+            return list(await stores.catalog.list_instances(query))
+
+    rows = run(main())
     if output == "json":
         emit_json([instance_dict(r) for r in rows])
+        return
+    if not rows:
+        click.echo("no instances" + (" before that cursor" if cursor else ""))
         return
     click.echo(
         table(
@@ -230,16 +358,18 @@ def list_(
                     r.flow_id,
                     r.flow_version,
                     r.state.value,
-                    r.created_at.isoformat(timespec="seconds"),
-                    r.updated_at.isoformat(timespec="seconds"),
+                    _stamp(r.created_at),
+                    _stamp(r.updated_at),
                 )
                 for r in rows
             ],
         )
     )
     if len(rows) == limit:
+        # A full page may or may not be the last; the cursor is exact (microseconds), unlike
+        # the seconds shown in the table.
         last = rows[-1]
-        click.echo(f"\nmore: --before {last.created_at.isoformat()},{last.instance_id}")
+        click.echo(f"more: --before {last.created_at.isoformat()},{last.instance_id}", err=True)
 
 
 @cli.command()
@@ -247,59 +377,50 @@ def list_(
 @db_option
 @output_option
 def show(instance_id: str, db: str, output: str) -> None:
-    """Show an instance and its step history."""
+    """Show an instance and its step history, in commit order."""
 
-    @with_stores
-    async def main(stores: Stores) -> tuple[InstanceRecord, list[Any]]:
-        record = await stores.journal.get(instance_id)
-        if record is None:
-            raise InstanceNotFound(instance_id)
-        return record, list(await stores.journal.steps(instance_id))
+    async def main() -> tuple[InstanceRecord, list[StepRecord]]:
+        async with open_stores(db) as stores:
+            record = await stores.journal.get(instance_id)
+            if record is None:
+                raise InstanceNotFound(instance_id)
+            return record, list(await stores.journal.steps(instance_id))
 
-    record, steps = run(main(db))
+    record, steps = run(main())
     if output == "json":
-        emit_json(
-            {
-                "instance": instance_dict(record),
-                "steps": [
-                    {
-                        **dataclasses.asdict(s),
-                        "outcome": s.outcome.value,
-                        "result": codec.loads(s.result),
-                    }
-                    for s in steps
-                ],
-            }
-        )
+        emit_json({"instance": instance_dict(record), "steps": [step_dict(s) for s in steps]})
         return
-    facts = [
+    facts: list[tuple[str, object]] = [
         ("instance", record.instance_id),
         ("flow", f"{record.flow_id}@{record.flow_version}"),
         ("state", record.state.value),
         ("tenant", record.tenant_id or "-"),
         ("fence", record.fence),
-        ("created", record.created_at.isoformat(timespec="milliseconds")),
-        ("updated", record.updated_at.isoformat(timespec="milliseconds")),
-        ("state bag", clip(record.state_bag, 100)),
+        ("created", _stamp(record.created_at, "milliseconds")),
+        ("updated", _stamp(record.updated_at, "milliseconds")),
     ]
     if record.error:
-        facts.append(("error", clip(record.error, 200)))
+        facts.append(("error", record.error))
+    facts.append(("state bag", record.state_bag))
     width = max(len(k) for k, _ in facts)
     for key, value in facts:
         click.echo(f"{key:<{width}}  {value}")
     click.echo()
+    if not steps:
+        click.echo("no steps committed yet")
+        return
     click.echo(
         table(
             [
-                "seq",
+                "sequence",
                 "scope",
+                "step_id",
                 "step",
-                "name",
                 "attempt",
                 "outcome",
                 "capability",
-                "ms",
-                "committed",
+                "duration_ms",
+                "committed_at",
                 "result",
             ],
             [
@@ -312,7 +433,7 @@ def show(instance_id: str, db: str, output: str) -> None:
                     s.outcome.value,
                     f"{s.capability_id}@{s.capability_version}" if s.capability_id else "-",
                     s.duration_ms,
-                    s.committed_at.isoformat(timespec="milliseconds"),
+                    _stamp(s.committed_at, "milliseconds"),
                     clip(s.result),
                 )
                 for s in steps
@@ -321,30 +442,40 @@ def show(instance_id: str, db: str, output: str) -> None:
     )
 
 
+def _sqlite_schema_version(conn: sqlite3.Connection) -> int:
+    """The highest migration applied; runs on the store's own database thread."""
+    row = conn.execute("SELECT max(version) FROM flowx_schema_migrations").fetchone()
+    return int(row[0] or 0)
+
+
 @cli.command()
 @db_option
 @output_option
 def migrate(db: str, output: str) -> None:
-    """Bring a store's schema up to date (refusing one newer than this FlowX)."""
+    """Bring a store's schema up to date (refusing one newer than this FlowX).
 
-    @with_stores
-    async def main(stores: Stores) -> int | None:
-        if isinstance(stores, SqliteStores):
-            return await stores.db.run(
-                lambda conn: int(
-                    conn.execute("SELECT max(version) FROM flowx_schema_migrations").fetchone()[0]
-                )
-            )
-        return None
+    Every command migrates on open; this one exists so a deployment can migrate once, before
+    any worker starts, and fail loudly there rather than in the first worker.
+    """
 
-    version = run(main(db))
+    async def main() -> tuple[str, int | None]:
+        async with open_stores(db) as stores:
+            version: int | None = None
+            if isinstance(stores, SqliteStores):
+                version = await stores.db.run(_sqlite_schema_version)
+            return stores.describe(), version
+
+    description, version = run(main())
     if output == "json":
-        emit_json({"store": db, "schema_version": version})
+        emit_json({"store": description, "schema_version": version})
+    elif version is None:
+        click.echo(f"{description}: schema up to date")
     else:
-        click.echo(f"{db}: schema up to date (version {version})")
+        click.echo(f"{description}: schema up to date (version {version})")
 
 
 def main() -> None:
+    """The console-script entry point (``flowx = "flowx.cli.main:main"``)."""
     cli(prog_name="flowx")
 
 

@@ -79,6 +79,11 @@ class RecoveryService:
             )
             seen = {c.instance_id for c in page}
             page.extend(c for c in head if c.instance_id not in seen)
+        if len(page) < limit:
+            # Queued instances (started for any worker) need no TTL to pass.
+            seen = {c.instance_id for c in page}
+            queued = await self._index.find_queued(limit=limit - len(page))
+            page.extend(c for c in queued if c.instance_id not in seen)
         counts = {"resumed": 0, "lost_race": 0, "not_runnable": 0, "gone": 0}
         for candidate in page:
             counts[await self._resume(candidate)] += 1

@@ -141,12 +141,18 @@ class RecoveryIndex(Protocol):
     async def find_abandoned(
         self, *, now: datetime, idle_for: timedelta, limit: int, offset: int = 0
     ) -> Sequence[RecoveryCandidate]:
-        """One bounded page of candidates, oldest first, skipping ``offset`` rows.
+        """One bounded page of instances nothing has written to since ``now - idle_for``,
+        oldest first, skipping ``offset`` rows: ``Pending``, ``Running`` or ``Compensating``.
 
-        A candidate is ``Pending`` (queued, nobody has started it), or ``Running`` /
-        ``Compensating`` with ``updated_at`` older than ``now - idle_for``. No instance appears
-        twice in a page. Whether it is really abandoned is settled by acquiring its lease.
+        No instance appears twice in a page. Whether one is really abandoned is settled by
+        acquiring its lease. Served by an index in ``updated_at`` order (no sort).
         """
+        ...
+
+    async def find_queued(self, *, limit: int, offset: int = 0) -> Sequence[RecoveryCandidate]:
+        """One bounded page of ``Pending`` instances — started for any worker to run, and not
+        yet taken — oldest first. A separate query from the idle scan, because a queued
+        instance needs no TTL to pass before a worker may take it."""
         ...
 
 

@@ -216,9 +216,16 @@ class MemoryRecoveryIndex:
         found = [
             r
             for r in self._d.instances.values()
-            if r.state is InstanceState.PENDING
-            or (r.state in ACTIVE_STATES and r.updated_at < cutoff)
+            if r.state in ACTIVE_STATES and r.updated_at < cutoff
         ]
+        return self._page(found, limit, offset)
+
+    async def find_queued(self, *, limit: int, offset: int = 0) -> Sequence[RecoveryCandidate]:
+        found = [r for r in self._d.instances.values() if r.state is InstanceState.PENDING]
+        return self._page(found, limit, offset)
+
+    @staticmethod
+    def _page(found: list[InstanceRecord], limit: int, offset: int) -> list[RecoveryCandidate]:
         found.sort(key=lambda r: (r.updated_at, r.instance_id))
         return [
             RecoveryCandidate(

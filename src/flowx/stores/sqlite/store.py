@@ -391,7 +391,7 @@ class SqliteLeaseStore:
 
 
 class SqliteRecoveryIndex:
-    """``RecoveryIndex``: both branches read ``flow_instance_abandoned_idx`` in order."""
+    """``RecoveryIndex``: each query reads its partial index in order."""
 
     def __init__(self, db: SqliteDatabase) -> None:
         self._db = db
@@ -399,15 +399,24 @@ class SqliteRecoveryIndex:
     async def find_abandoned(
         self, *, now: datetime, idle_for: timedelta, limit: int, offset: int = 0
     ) -> Sequence[RecoveryCandidate]:
+        return await self._page(
+            "SELECT instance_id, flow_id, flow_version, state, updated_at "
+            "FROM flow_instance INDEXED BY flow_instance_abandoned_idx "
+            "WHERE state IN ('Pending', 'Running', 'Compensating') AND updated_at < ? "
+            "ORDER BY updated_at, instance_id LIMIT ? OFFSET ?",
+            (to_text(now - idle_for), limit, offset),
+        )
+
+    async def find_queued(self, *, limit: int, offset: int = 0) -> Sequence[RecoveryCandidate]:
+        return await self._page(
+            "SELECT instance_id, flow_id, flow_version, state, updated_at "
+            "FROM flow_instance INDEXED BY flow_instance_queued_idx "
+            "WHERE state = 'Pending' ORDER BY updated_at, instance_id LIMIT ? OFFSET ?",
+            (limit, offset),
+        )
+
+    async def _page(self, sql: str, args: tuple[Any, ...]) -> Sequence[RecoveryCandidate]:
         def q(conn: sqlite3.Connection) -> Sequence[RecoveryCandidate]:
-            rows = conn.execute(
-                "SELECT instance_id, flow_id, flow_version, state, updated_at "
-                "FROM flow_instance INDEXED BY flow_instance_abandoned_idx "
-                "WHERE state IN ('Pending', 'Running', 'Compensating') "
-                "AND (state = 'Pending' OR updated_at < ?) "
-                "ORDER BY updated_at, instance_id LIMIT ? OFFSET ?",
-                (to_text(now - idle_for), limit, offset),
-            )
             return tuple(
                 RecoveryCandidate(
                     instance_id=r[0],
@@ -416,7 +425,7 @@ class SqliteRecoveryIndex:
                     state=InstanceState(r[3]),
                     updated_at=from_text(r[4]),
                 )
-                for r in rows
+                for r in conn.execute(sql, args)
             )
 
         return await self._db.run(q)

@@ -45,9 +45,11 @@ class RecoveryIndexConformance:
             InstanceState.TIMED_OUT,
         ):
             await self._make(stores, done, 0)
+        stale_queued = await self._make(stores, InstanceState.PENDING, 2)
         page = await stores.recovery.find_abandoned(now=at(100), idle_for=IDLE, limit=50)
-        assert {c.instance_id for c in page} == {idle_running, idle_compensating, queued}
-        assert [c.instance_id for c in page] == [idle_running, idle_compensating, queued]
+        assert [c.instance_id for c in page] == [idle_running, idle_compensating, stale_queued]
+        queue = await stores.recovery.find_queued(limit=50)
+        assert [c.instance_id for c in queue] == [stale_queued, queued]
         first = page[0]
         assert (first.flow_id, first.flow_version, first.state) == (
             "conformance.flow",
@@ -81,3 +83,19 @@ class RecoveryIndexConformance:
             )
             == []
         )
+
+    async def test_the_queue_holds_only_pending_instances_oldest_first(self, stores: Any) -> None:
+        later = await self._make(stores, InstanceState.PENDING, 50)
+        earlier = await self._make(stores, InstanceState.PENDING, 10)
+        await self._make(stores, InstanceState.RUNNING, 0)
+        await self._make(stores, InstanceState.COMPLETED, 0)
+        assert [c.instance_id for c in await stores.recovery.find_queued(limit=10)] == [
+            earlier,
+            later,
+        ]
+        assert [c.instance_id for c in await stores.recovery.find_queued(limit=1, offset=1)] == [
+            later
+        ]
+        history = await stores.journal.open(earlier, token=2, now=at(60))
+        assert history.instance.state is InstanceState.RUNNING  # taken: off the queue
+        assert [c.instance_id for c in await stores.recovery.find_queued(limit=10)] == [later]

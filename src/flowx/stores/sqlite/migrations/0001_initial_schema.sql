@@ -14,7 +14,6 @@ CREATE TABLE flow_instance (
     resume_from_step   INTEGER,                      -- operator hint only; the engine never reads it
     input              TEXT    NOT NULL,             -- json, immutable
     state_bag          TEXT    NOT NULL,             -- json, last checkpoint
-    state_bag_sequence INTEGER,                      -- which commit the snapshot is of
     error              TEXT,                         -- json, why a terminal failure happened
     idempotency_key    TEXT,
     parent_instance_id TEXT,                         -- sub-flow child; no FK, an orphan stays legible
@@ -23,9 +22,6 @@ CREATE TABLE flow_instance (
     correlation_id     TEXT,
     trace_id           TEXT,
     deadline_at        TEXT,
-    wake_at            TEXT,
-    wake_step_id       INTEGER,
-    wake_scope         TEXT,
     resume_count       INTEGER NOT NULL DEFAULT 0,   -- takeovers since the last step commit
     codec_version      INTEGER NOT NULL DEFAULT 1,
     created_at         TEXT    NOT NULL,
@@ -36,11 +32,6 @@ CREATE TABLE flow_instance (
 CREATE UNIQUE INDEX flow_instance_idempotency_idx
     ON flow_instance (flow_id, idempotency_key) WHERE idempotency_key IS NOT NULL;
 CREATE INDEX flow_instance_tenant_state_idx ON flow_instance (tenant_id, state);
--- Serves the recovery scan (R3.4): oldest idle active instance first, no sort.
-CREATE INDEX flow_instance_abandoned_idx
-    ON flow_instance (updated_at) WHERE state IN ('Pending', 'Running', 'Compensating');
--- Serves the timer waker: only Suspended rows, by wake time.
-CREATE INDEX flow_instance_wake_idx ON flow_instance (wake_at) WHERE state = 'Suspended';
 -- Serves `flowx list`: newest first, keyset paged.
 CREATE INDEX flow_instance_created_idx ON flow_instance (created_at, instance_id);
 
@@ -70,7 +61,7 @@ BEGIN
 END;
 
 CREATE TABLE outbox_event (
-    staged_seq     INTEGER PRIMARY KEY AUTOINCREMENT, -- global staging order, never reused
+    staged_seq     INTEGER PRIMARY KEY AUTOINCREMENT, -- global staging order, never reused (see 0004)
     event_id       TEXT    NOT NULL UNIQUE,
     instance_id    TEXT    NOT NULL REFERENCES flow_instance (instance_id) ON DELETE CASCADE,
     sequence       INTEGER NOT NULL,                  -- the step commit that staged it
@@ -82,7 +73,6 @@ CREATE TABLE outbox_event (
     staged_at      TEXT    NOT NULL,
     published_at   TEXT                               -- null = pending
 );
-CREATE INDEX outbox_event_pending_idx ON outbox_event (staged_seq) WHERE published_at IS NULL;
 CREATE INDEX outbox_event_instance_idx ON outbox_event (instance_id, sequence, ordinal);
 
 -- No FK to flow_instance, deliberately: a lease is taken before its instance exists.
