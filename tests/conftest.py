@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 
@@ -37,3 +37,29 @@ async def host_factory(clock: FakeClock, memory_store: object) -> AsyncIterator[
     yield make
     for host in hosts:
         await host.drain(timeout=1)
+
+
+@pytest.fixture
+def pg_schema() -> Iterator[Callable[[], str]]:
+    """Hands out fresh PostgreSQL schema names and drops them after the test.
+
+    Each test gets an empty journal on the real server without touching anyone else's tables.
+    """
+    import uuid
+
+    import psycopg
+
+    from tests.postgres_support import PG_DSN
+
+    made: list[str] = []
+
+    def make() -> str:
+        name = f"flowx_t_{uuid.uuid4().hex[:12]}"
+        made.append(name)
+        return name
+
+    yield make
+    if made:
+        with psycopg.connect(PG_DSN, autocommit=True) as conn:
+            for name in made:
+                conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')  # type: ignore[arg-type]

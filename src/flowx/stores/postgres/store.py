@@ -1,0 +1,456 @@
+"""The PostgreSQL journal, lease store, recovery index and catalog.
+
+Every query is a constant below, with the index that serves it named beside it. The step
+commit — the hot path — is one statement, so one round trip: it locks the instance row,
+checks the fence, inserts the step row at ``next_sequence``, moves the instance and stages the
+outbox rows, or does none of it (R2.3, R2.4).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any, Final, LiteralString
+
+import psycopg
+from psycopg.rows import dict_row
+
+from flowx.stores.errors import DuplicateStep, FencedOut, LeaseLost, UnknownInstance
+from flowx.stores.postgres.database import PostgresDatabase, redact
+from flowx.stores.protocols import InstanceQuery
+from flowx.stores.records import (
+    CreateResult,
+    EventRecord,
+    History,
+    InstanceRecord,
+    InstanceState,
+    Lease,
+    NewInstance,
+    Outcome,
+    RecoveryCandidate,
+    StepCommit,
+    StepRecord,
+)
+
+_INSTANCE_COLUMNS: Final = (
+    "instance_id, flow_id, flow_version, state, fence, next_sequence, input, state_bag, "
+    "state_bag_sequence, error, tenant_id, idempotency_key, correlation_id, deadline_at, "
+    "parent_instance_id, parent_scope, parent_step_id, resume_count, codec_version, "
+    "created_at, updated_at"
+)
+_STEP_COLUMNS: Final = (
+    "instance_id, scope, step_id, attempt, sequence, step_name, outcome, result, "
+    "capability_id, capability_version, nondeterministic, duration_ms, committed_at"
+)
+
+# Primary key.
+SELECT_INSTANCE: Final[LiteralString] = (
+    "SELECT " + _INSTANCE_COLUMNS + " FROM flow_instance WHERE instance_id = %s"
+)
+# flow_instance_idempotency_idx.
+SELECT_BY_KEY: Final[LiteralString] = (
+    "SELECT " + _INSTANCE_COLUMNS + " FROM flow_instance "
+    "WHERE flow_id = %s AND idempotency_key = %s"
+)
+# The resume read: the flow_step primary key's prefix, rows in commit order (R2.8).
+SELECT_STEPS: Final[LiteralString] = (
+    "SELECT " + _STEP_COLUMNS + " FROM flow_step WHERE instance_id = %s ORDER BY sequence"
+)
+# outbox_event_instance_idx.
+SELECT_EVENTS: Final[LiteralString] = (
+    "SELECT event_id, instance_id, sequence, ordinal, staged_seq, type, schema_version, "
+    "partition_key, payload, published_at FROM outbox_event WHERE instance_id = %s "
+    "ORDER BY sequence, ordinal"
+)
+
+INSERT_INSTANCE: Final[LiteralString] = (
+    "INSERT INTO flow_instance (instance_id, flow_id, flow_version, tenant_id, state, fence, "
+    "input, state_bag, idempotency_key, correlation_id, deadline_at, parent_instance_id, "
+    "parent_scope, parent_step_id, codec_version, created_at, updated_at) "
+    "VALUES (%(instance_id)s, %(flow_id)s, %(flow_version)s, %(tenant_id)s, %(state)s, "
+    "%(token)s, %(input)s::json, %(state_bag)s::json, %(idempotency_key)s, "
+    "%(correlation_id)s, %(deadline_at)s, %(parent_instance_id)s, %(parent_scope)s, "
+    "%(parent_step_id)s, %(codec_version)s, %(now)s, %(now)s) "
+    "ON CONFLICT DO NOTHING RETURNING " + _INSTANCE_COLUMNS
+)
+
+# Take over: the fence rises before anything is read (R2.4). Primary key.
+OPEN_INSTANCE: Final[LiteralString] = (
+    "UPDATE flow_instance SET fence = %(token)s, resume_count = resume_count + 1, "
+    "state = CASE state WHEN 'Pending' THEN 'Running' ELSE state END, "
+    "updated_at = %(now)s, version = version + 1 "
+    "WHERE instance_id = %(instance_id)s AND fence <= %(token)s RETURNING " + _INSTANCE_COLUMNS
+)
+FENCE_OF: Final[LiteralString] = "SELECT fence FROM flow_instance WHERE instance_id = %s"
+
+# The step commit, one statement. `inst` locks the row (primary key); `ok` is empty when the
+# token is below the fence, and then no other part writes anything.
+COMMIT: Final[LiteralString] = """
+WITH inst AS (
+    SELECT fence, next_sequence FROM flow_instance
+     WHERE instance_id = %(instance_id)s FOR UPDATE
+), ok AS (
+    SELECT next_sequence AS seq FROM inst WHERE %(token)s >= fence
+), step AS (
+    INSERT INTO flow_step (instance_id, scope, step_id, attempt, sequence, step_name, outcome,
+                           result, capability_id, capability_version, nondeterministic,
+                           duration_ms, committed_at)
+    SELECT %(instance_id)s::uuid, %(scope)s::text, %(step_id)s::int, %(attempt)s::int, ok.seq,
+           %(step_name)s::text, %(outcome)s::text, %(result)s::json, %(capability_id)s::text,
+           %(capability_version)s::text, %(nondeterministic)s::json, %(duration_ms)s::bigint,
+           %(now)s::timestamptz
+      FROM ok WHERE %(has_step)s
+    RETURNING sequence
+), moved AS (
+    UPDATE flow_instance f
+       SET next_sequence = f.next_sequence + CASE WHEN %(has_step)s THEN 1 ELSE 0 END,
+           state_bag = coalesce(%(state_bag)s::json, f.state_bag),
+           state_bag_sequence = CASE WHEN %(has_step)s AND %(state_bag)s::text IS NOT NULL
+                                     THEN ok.seq ELSE f.state_bag_sequence END,
+           state = coalesce(%(state)s::text, f.state),
+           error = coalesce(%(error)s::json, f.error),
+           resume_count = CASE WHEN %(has_step)s THEN 0 ELSE f.resume_count END,
+           updated_at = %(now)s,
+           version = f.version + 1
+      FROM ok
+     WHERE f.instance_id = %(instance_id)s
+    RETURNING 1
+), staged AS (
+    INSERT INTO outbox_event (event_id, instance_id, sequence, ordinal, type, schema_version,
+                              partition_key, payload, staged_at)
+    SELECT e.event_id, %(instance_id)s, ok.seq, (e.ord - 1)::int, e.type, e.schema_version,
+           e.partition_key, e.payload::json, %(now)s
+      FROM ok, unnest(%(event_ids)s::uuid[], %(event_types)s::text[],
+                      %(event_versions)s::text[], %(event_keys)s::text[],
+                      %(event_payloads)s::text[])
+           WITH ORDINALITY AS e(event_id, type, schema_version, partition_key, payload, ord)
+    RETURNING 1
+)
+SELECT (SELECT fence FROM inst) AS fence,
+       (SELECT seq FROM ok) AS seq,
+       (SELECT count(*) FROM moved) AS moved,
+       (SELECT count(*) FROM staged) AS staged
+"""
+
+# Acquire, and raise the instance's fence to the new token in the same statement (R2.4).
+# The token is above every token issued for the instance, above the caller's floor, and above
+# the journal's fence. ON CONFLICT ... WHERE leaves a live lease alone: no row, `None`.
+ACQUIRE: Final[LiteralString] = """
+WITH floor AS (
+    SELECT greatest(%(floor)s::bigint,
+                    coalesce((SELECT fence FROM flow_instance
+                               WHERE instance_id = %(instance_id)s), 0)) AS f
+), granted AS (
+    INSERT INTO flow_lease AS l (instance_id, owner_node, fencing_token, expires_at, acquired_at)
+    SELECT %(instance_id)s, %(owner)s, floor.f + 1, %(expires)s, %(now)s FROM floor
+    ON CONFLICT (instance_id) DO UPDATE
+       SET owner_node = excluded.owner_node,
+           fencing_token = greatest(l.fencing_token + 1, excluded.fencing_token),
+           expires_at = excluded.expires_at,
+           acquired_at = excluded.acquired_at
+     WHERE l.expires_at <= %(now)s
+    RETURNING fencing_token, expires_at
+), fenced AS (
+    UPDATE flow_instance f SET fence = g.fencing_token
+      FROM granted g
+     WHERE f.instance_id = %(instance_id)s AND f.fence < g.fencing_token
+    RETURNING 1
+)
+SELECT fencing_token, expires_at FROM granted
+"""
+RENEW: Final[LiteralString] = (
+    "UPDATE flow_lease SET expires_at = %(expires)s WHERE instance_id = %(instance_id)s "
+    "AND fencing_token = %(token)s AND expires_at > %(now)s RETURNING expires_at"
+)
+RELEASE: Final[LiteralString] = (
+    "UPDATE flow_lease SET expires_at = %(now)s WHERE instance_id = %(instance_id)s "
+    "AND fencing_token = %(token)s AND expires_at > %(now)s"
+)
+CURRENT_LEASE: Final[LiteralString] = (
+    "SELECT owner_node, fencing_token, expires_at FROM flow_lease WHERE instance_id = %s"
+)
+
+# flow_instance_abandoned_idx: a range scan in (updated_at, instance_id) order, no sort.
+FIND_ABANDONED: Final[LiteralString] = (
+    "SELECT instance_id, flow_id, flow_version, state, updated_at FROM flow_instance "
+    "WHERE state IN ('Pending', 'Running', 'Compensating') AND updated_at < %s "
+    "ORDER BY updated_at, instance_id LIMIT %s OFFSET %s"
+)
+# flow_instance_queued_idx.
+FIND_QUEUED: Final[LiteralString] = (
+    "SELECT instance_id, flow_id, flow_version, state, updated_at FROM flow_instance "
+    "WHERE state = 'Pending' ORDER BY updated_at, instance_id LIMIT %s OFFSET %s"
+)
+# flow_instance_created_idx, read backwards.
+LIST_INSTANCES: Final[LiteralString] = (
+    "SELECT " + _INSTANCE_COLUMNS + " FROM flow_instance "
+    "WHERE (%(flow_id)s::text IS NULL OR flow_id = %(flow_id)s) "
+    "AND (%(state)s::text IS NULL OR state = %(state)s) "
+    "AND (%(before_at)s::timestamptz IS NULL OR (created_at, instance_id) < "
+    "(%(before_at)s, %(before_id)s::uuid)) "
+    "ORDER BY created_at DESC, instance_id DESC LIMIT %(limit)s"
+)
+
+
+def _instance(r: dict[str, Any]) -> InstanceRecord:
+    return InstanceRecord(**{**r, "state": InstanceState(r["state"])})
+
+
+def _step(r: dict[str, Any]) -> StepRecord:
+    return StepRecord(**{**r, "outcome": Outcome(r["outcome"])})
+
+
+class PostgresJournal:
+    """``FlowJournal`` on PostgreSQL."""
+
+    def __init__(self, db: PostgresDatabase) -> None:
+        self._db = db
+
+    async def create(self, instance: NewInstance, *, token: int, now: datetime) -> CreateResult:
+        params = {
+            "instance_id": instance.instance_id,
+            "flow_id": instance.flow_id,
+            "flow_version": instance.flow_version,
+            "tenant_id": instance.tenant_id,
+            "state": instance.state.value,
+            "token": token,
+            "input": instance.input,
+            "state_bag": instance.state_bag,
+            "idempotency_key": instance.idempotency_key,
+            "correlation_id": instance.correlation_id,
+            "deadline_at": instance.deadline_at,
+            "parent_instance_id": instance.parent_instance_id,
+            "parent_scope": instance.parent_scope,
+            "parent_step_id": instance.parent_step_id,
+            "codec_version": instance.codec_version,
+            "now": now,
+        }
+        async with self._db.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            row = await (await cur.execute(INSERT_INSTANCE, params)).fetchone()
+            if row is not None:
+                return CreateResult(instance=_instance(row), created=True)
+            row = await (await cur.execute(SELECT_INSTANCE, (instance.instance_id,))).fetchone()
+            if row is None and instance.idempotency_key is not None:
+                row = await (
+                    await cur.execute(SELECT_BY_KEY, (instance.flow_id, instance.idempotency_key))
+                ).fetchone()
+            if row is None:  # conflicted, then vanished: a concurrent purge; report it
+                raise UnknownInstance(instance.instance_id)
+            return CreateResult(instance=_instance(row), created=False)
+
+    async def open(self, instance_id: str, *, token: int, now: datetime) -> History:
+        async with self._db.connection() as conn, conn.transaction():
+            cur = conn.cursor(row_factory=dict_row)
+            params = {"instance_id": instance_id, "token": token, "now": now}
+            row = await (await cur.execute(OPEN_INSTANCE, params)).fetchone()
+            if row is None:
+                fence = await (await conn.execute(FENCE_OF, (instance_id,))).fetchone()
+                if fence is None:
+                    raise UnknownInstance(instance_id)
+                raise FencedOut(instance_id, token, int(fence[0]))
+            steps = await (await cur.execute(SELECT_STEPS, (instance_id,))).fetchall()
+            return History(instance=_instance(row), steps=tuple(_step(s) for s in steps))
+
+    async def commit(self, commit: StepCommit) -> int | None:
+        async with self._db.connection() as conn:
+            return await commit_one(conn, commit)
+
+    async def get(self, instance_id: str) -> InstanceRecord | None:
+        async with self._db.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            row = await (await cur.execute(SELECT_INSTANCE, (instance_id,))).fetchone()
+            return _instance(row) if row else None
+
+    async def find_by_key(self, flow_id: str, idempotency_key: str) -> InstanceRecord | None:
+        async with self._db.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            row = await (await cur.execute(SELECT_BY_KEY, (flow_id, idempotency_key))).fetchone()
+            return _instance(row) if row else None
+
+    async def steps(self, instance_id: str) -> Sequence[StepRecord]:
+        async with self._db.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            rows = await (await cur.execute(SELECT_STEPS, (instance_id,))).fetchall()
+            return tuple(_step(r) for r in rows)
+
+    async def events(self, instance_id: str) -> Sequence[EventRecord]:
+        async with self._db.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            rows = await (await cur.execute(SELECT_EVENTS, (instance_id,))).fetchall()
+            return tuple(EventRecord(**r) for r in rows)
+
+
+def commit_params(commit: StepCommit) -> dict[str, Any]:
+    step = commit.step
+    events = commit.events
+    return {
+        "instance_id": commit.instance_id,
+        "token": commit.token,
+        "now": commit.now,
+        "has_step": step is not None,
+        "scope": step.scope if step else None,
+        "step_id": step.step_id if step else None,
+        "attempt": step.attempt if step else None,
+        "step_name": step.step_name if step else None,
+        "outcome": step.outcome.value if step else None,
+        "result": step.result if step else None,
+        "capability_id": step.capability_id if step else None,
+        "capability_version": step.capability_version if step else None,
+        "nondeterministic": step.nondeterministic if step else None,
+        "duration_ms": step.duration_ms if step else None,
+        "state_bag": commit.state_bag,
+        "state": commit.state.value if commit.state else None,
+        "error": commit.error,
+        "event_ids": [e.event_id for e in events],
+        "event_types": [e.type for e in events],
+        "event_versions": [e.schema_version for e in events],
+        "event_keys": [e.partition_key for e in events],
+        "event_payloads": [e.payload for e in events],
+    }
+
+
+async def commit_one(conn: psycopg.AsyncConnection[Any], commit: StepCommit) -> int | None:
+    """The single-statement commit; translates refusals into store errors."""
+    try:
+        cur = await conn.execute(COMMIT, commit_params(commit), prepare=True)
+    except psycopg.errors.UniqueViolation as exc:
+        step = commit.step
+        if step is not None and exc.diag.constraint_name == "flow_step_pkey":
+            raise DuplicateStep(commit.instance_id, step.scope, step.step_id, step.attempt) from exc
+        raise
+    row = await cur.fetchone()
+    assert row is not None
+    fence, seq, moved = row[0], row[1], row[2]
+    if fence is None:
+        raise UnknownInstance(commit.instance_id)
+    if not moved:
+        raise FencedOut(commit.instance_id, commit.token, int(fence))
+    return int(seq) if commit.step is not None else None
+
+
+class PostgresLeaseStore:
+    """``LeaseStore`` on ``flow_lease``: INSERT or UPDATE, never DELETE (R3.1)."""
+
+    def __init__(self, db: PostgresDatabase) -> None:
+        self._db = db
+
+    async def acquire(
+        self, instance_id: str, *, owner: str, ttl: timedelta, now: datetime, floor: int = 0
+    ) -> Lease | None:
+        expires = now + ttl
+        params = {
+            "instance_id": instance_id,
+            "owner": owner,
+            "now": now,
+            "expires": expires,
+            "floor": floor,
+        }
+        async with self._db.connection() as conn:
+            row = await (await conn.execute(ACQUIRE, params, prepare=True)).fetchone()
+        if row is None:
+            return None
+        return Lease(instance_id=instance_id, owner=owner, token=int(row[0]), expires_at=row[1])
+
+    async def renew(self, lease: Lease, *, ttl: timedelta, now: datetime) -> Lease:
+        params = {
+            "instance_id": lease.instance_id,
+            "token": lease.token,
+            "now": now,
+            "expires": now + ttl,
+        }
+        async with self._db.connection() as conn:
+            row = await (await conn.execute(RENEW, params, prepare=True)).fetchone()
+        if row is None:
+            raise LeaseLost(
+                lease.instance_id, lease.token, "it expired or a newer lease was issued"
+            )
+        return Lease(
+            instance_id=lease.instance_id, owner=lease.owner, token=lease.token, expires_at=row[0]
+        )
+
+    async def release(self, lease: Lease, *, now: datetime) -> None:
+        params = {"instance_id": lease.instance_id, "token": lease.token, "now": now}
+        async with self._db.connection() as conn:
+            await conn.execute(RELEASE, params, prepare=True)
+
+    async def current(self, instance_id: str) -> Lease | None:
+        async with self._db.connection() as conn:
+            row = await (await conn.execute(CURRENT_LEASE, (instance_id,))).fetchone()
+        if row is None:
+            return None
+        return Lease(instance_id=instance_id, owner=row[0], token=int(row[1]), expires_at=row[2])
+
+
+class PostgresRecoveryIndex:
+    """``RecoveryIndex``: two index-ordered queries, bounded, no sort (R3.4)."""
+
+    def __init__(self, db: PostgresDatabase) -> None:
+        self._db = db
+
+    async def find_abandoned(
+        self, *, now: datetime, idle_for: timedelta, limit: int, offset: int = 0
+    ) -> Sequence[RecoveryCandidate]:
+        return await self._page(FIND_ABANDONED, (now - idle_for, limit, offset))
+
+    async def find_queued(self, *, limit: int, offset: int = 0) -> Sequence[RecoveryCandidate]:
+        return await self._page(FIND_QUEUED, (limit, offset))
+
+    async def _page(
+        self, query: LiteralString, args: tuple[Any, ...]
+    ) -> Sequence[RecoveryCandidate]:
+        async with self._db.connection() as conn:
+            rows = await (await conn.execute(query, args)).fetchall()
+        return tuple(
+            RecoveryCandidate(
+                instance_id=r[0],
+                flow_id=r[1],
+                flow_version=r[2],
+                state=InstanceState(r[3]),
+                updated_at=r[4],
+            )
+            for r in rows
+        )
+
+
+class PostgresCatalog:
+    """``InstanceCatalog``: newest first, keyset paged."""
+
+    def __init__(self, db: PostgresDatabase) -> None:
+        self._db = db
+
+    async def list_instances(self, query: InstanceQuery) -> Sequence[InstanceRecord]:
+        params = {
+            "flow_id": query.flow_id,
+            "state": query.state.value if query.state else None,
+            "before_at": query.before[0] if query.before else None,
+            "before_id": query.before[1] if query.before else None,
+            "limit": query.limit,
+        }
+        async with self._db.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            rows = await (await cur.execute(LIST_INSTANCES, params)).fetchall()
+        return tuple(_instance(r) for r in rows)
+
+
+class PostgresStores:
+    """All four roles over one PostgreSQL database and schema (R1.2)."""
+
+    def __init__(
+        self, dsn: str, *, schema: str = "flowx", migrate: bool = True, **pool: Any
+    ) -> None:
+        self.db = PostgresDatabase(dsn, schema=schema, **pool)
+        self._migrate = migrate
+        self.journal = PostgresJournal(self.db)
+        self.leases = PostgresLeaseStore(self.db)
+        self.recovery = PostgresRecoveryIndex(self.db)
+        self.catalog = PostgresCatalog(self.db)
+
+    async def open(self) -> None:
+        await self.db.open(migrate=self._migrate)
+
+    async def close(self) -> None:
+        await self.db.close()
+
+    def describe(self) -> str:
+        return f"{redact(self.db.dsn)} (schema {self.db.schema})"
