@@ -144,7 +144,7 @@ async def test_a_durable_flow_commits_each_step_and_completes(host_factory: Any)
     assert record.state is InstanceState.COMPLETED
     assert record.tenant_id == "acme"
     assert codec.loads(record.state_bag)["receipt"] == "P-10"
-    assert record.state_bag_sequence == 2
+    assert record.state_bag_sequence == 3  # the last commit also completed the instance
 
 
 async def test_an_emit_is_staged_with_its_own_step_and_redacted(host_factory: Any) -> None:
@@ -560,3 +560,20 @@ async def test_an_input_with_no_json_form_is_refused_before_anything_is_written(
 
     assert list(await memory_store.catalog.list_instances(InstanceQuery())) == []
     assert memory_store._data.leases == {}  # not even a lease was taken
+
+
+async def test_the_last_step_commit_also_completes_the_instance(clock: Any) -> None:
+    recorder = _Recorder()
+    result = await Execution(
+        plan=order_flow(),
+        instance_id="f1",
+        input_value=Order(order_id="f1"),
+        committer=recorder,
+        clock=clock,
+    ).run()
+    assert result.outcome == "completed"
+    assert len(recorder.writes) == 3  # three nodes, three writes: no separate "Completed"
+    last = recorder.writes[-1]
+    assert last["state"] is InstanceState.COMPLETED
+    assert last["step"].step_name == "emit:OrderPlaced"
+    assert codec.loads(last["state_bag"])["receipt"] == "P-10"

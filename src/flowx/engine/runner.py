@@ -185,6 +185,12 @@ class Execution:
         self._poisoned = resume_count > max_resumes
         self._resume_count = resume_count
         self._attempts: dict[tuple[str, int], _Attempts] = {}
+        # The last body node's success commit also completes the instance: one write fewer
+        # per flow on the hot path, and no window in which the last step is in but the
+        # instance is not yet Completed.
+        last = plan.body[-1]
+        self._final_node: Node | None = last if isinstance(last, StepNode | EmitNode) else None
+        self._completed = False
         names = {n.step_id: n.name for n in walk(plan.body)}
         for row in history:
             expected = names.get(row.step_id)
@@ -238,9 +244,10 @@ class Execution:
         *,
         state_bag: str | None = None,
         events: tuple[EventWrite, ...] = (),
+        state: InstanceState | None = None,
     ) -> None:
         try:
-            await self.commit(step=step, state_bag=state_bag, events=events)
+            await self.commit(step=step, state_bag=state_bag, events=events, state=state)
         except (FencedOut, LeaseLost) as exc:
             raise _Abort(str(exc)) from exc
         self._absorb(
@@ -295,7 +302,8 @@ class Execution:
                 await self._nodes(self.plan.body, "", None, has_item=False)
             except _StepFailed as failed:
                 return await self._fail(failed)
-            await self._transition(InstanceState.COMPLETED)
+            if not self._completed:
+                await self._transition(InstanceState.COMPLETED)
             return self._result("completed")
         except _Abort as abort:
             # R3.5: another node owns this instance now. Discard, and never compensate.
@@ -419,11 +427,14 @@ class Execution:
                 attempt += 1
                 drawn = ctx.drawn()
                 continue
+            final = scope == "" and node is self._final_node
             await self._write(
                 key,
                 self._row(node, cap, scope, attempt, Outcome.SUCCESS, text, ctx, started),
-                state_bag=codec.dumps(new_state) if node.into is not None else None,
+                state_bag=codec.dumps(new_state) if node.into is not None or final else None,
+                state=InstanceState.COMPLETED if final else None,
             )
+            self._completed = final
             self.state = new_state
             self.completed.append(_Done(node=node, scope=scope, argument=argument, result=value))
             self.executed += 1
@@ -479,10 +490,13 @@ class Execution:
             error = error_payload(exc, retryable=False)
             await self._write(key, self._row(node, None, scope, attempt, Outcome.FAILURE, error))
             raise _StepFailed(node, scope, error) from exc
+        final = scope == "" and node is self._final_node
         event_id = str(uuid.uuid5(EVENT_NAMESPACE, f"{self.instance_id}/{scope}/{node.step_id}"))
         await self._write(
             key,
             self._row(node, None, scope, attempt, Outcome.SUCCESS, payload),
+            state_bag=codec.dumps(self.state) if final else None,
+            state=InstanceState.COMPLETED if final else None,
             events=(
                 EventWrite(
                     event_id=event_id,
@@ -493,6 +507,7 @@ class Execution:
                 ),
             ),
         )
+        self._completed = final
         self.executed += 1
         return codec.loads(payload)
 

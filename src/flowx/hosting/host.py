@@ -97,8 +97,12 @@ class FlowHandle(Generic[S]):
             return self._host._finish(self.plan, self.instance_id, ephemeral)
         task = self._host._tasks.get(self.instance_id)
         if task is not None:
+            outcome: RunResult | None = None
             with contextlib.suppress(Exception):
-                await asyncio.shield(task)
+                outcome = await asyncio.shield(task)
+            if outcome is not None and outcome.final_state is not None:
+                # This node ran it to the end: its result is what it committed.
+                return self._host._finish(self.plan, self.instance_id, outcome)
         while True:
             record = await self._host.get(self.instance_id)
             if record.state.terminal:
@@ -455,7 +459,8 @@ class FlowHost:
     def _finish(self, plan: Plan, instance_id: str, result: RunResult) -> Any:
         if result.outcome == "completed":
             return plan.state_model.model_validate_json(result.state_bag)
-        raise FlowFailed(instance_id, result.outcome, result.error)
+        state = result.final_state
+        raise FlowFailed(instance_id, state.value if state else result.outcome, result.error)
 
     # -- running ---------------------------------------------------------------------------
 

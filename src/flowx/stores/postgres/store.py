@@ -1,9 +1,7 @@
 """The PostgreSQL journal, lease store, recovery index and catalog.
 
 Every query is a constant below, with the index that serves it named beside it. The step
-commit — the hot path — is one statement, so one round trip: it locks the instance row,
-checks the fence, inserts the step row at ``next_sequence``, moves the instance and stages the
-outbox rows, or does none of it (R2.3, R2.4).
+commit, the hot path, lives in ``commit.py``.
 """
 
 from __future__ import annotations
@@ -12,10 +10,10 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any, Final, LiteralString
 
-import psycopg
 from psycopg.rows import dict_row
 
-from flowx.stores.errors import DuplicateStep, FencedOut, LeaseLost, UnknownInstance
+from flowx.stores.errors import FencedOut, LeaseLost, UnknownInstance
+from flowx.stores.postgres.commit import GroupCommitter
 from flowx.stores.postgres.database import PostgresDatabase, redact
 from flowx.stores.protocols import InstanceQuery
 from flowx.stores.records import (
@@ -82,55 +80,6 @@ OPEN_INSTANCE: Final[LiteralString] = (
     "WHERE instance_id = %(instance_id)s AND fence <= %(token)s RETURNING " + _INSTANCE_COLUMNS
 )
 FENCE_OF: Final[LiteralString] = "SELECT fence FROM flow_instance WHERE instance_id = %s"
-
-# The step commit, one statement. `inst` locks the row (primary key); `ok` is empty when the
-# token is below the fence, and then no other part writes anything.
-COMMIT: Final[LiteralString] = """
-WITH inst AS (
-    SELECT fence, next_sequence FROM flow_instance
-     WHERE instance_id = %(instance_id)s FOR UPDATE
-), ok AS (
-    SELECT next_sequence AS seq FROM inst WHERE %(token)s >= fence
-), step AS (
-    INSERT INTO flow_step (instance_id, scope, step_id, attempt, sequence, step_name, outcome,
-                           result, capability_id, capability_version, nondeterministic,
-                           duration_ms, committed_at)
-    SELECT %(instance_id)s::uuid, %(scope)s::text, %(step_id)s::int, %(attempt)s::int, ok.seq,
-           %(step_name)s::text, %(outcome)s::text, %(result)s::json, %(capability_id)s::text,
-           %(capability_version)s::text, %(nondeterministic)s::json, %(duration_ms)s::bigint,
-           %(now)s::timestamptz
-      FROM ok WHERE %(has_step)s
-    RETURNING sequence
-), moved AS (
-    UPDATE flow_instance f
-       SET next_sequence = f.next_sequence + CASE WHEN %(has_step)s THEN 1 ELSE 0 END,
-           state_bag = coalesce(%(state_bag)s::json, f.state_bag),
-           state_bag_sequence = CASE WHEN %(has_step)s AND %(state_bag)s::text IS NOT NULL
-                                     THEN ok.seq ELSE f.state_bag_sequence END,
-           state = coalesce(%(state)s::text, f.state),
-           error = coalesce(%(error)s::json, f.error),
-           resume_count = CASE WHEN %(has_step)s THEN 0 ELSE f.resume_count END,
-           updated_at = %(now)s,
-           version = f.version + 1
-      FROM ok
-     WHERE f.instance_id = %(instance_id)s
-    RETURNING 1
-), staged AS (
-    INSERT INTO outbox_event (event_id, instance_id, sequence, ordinal, type, schema_version,
-                              partition_key, payload, staged_at)
-    SELECT e.event_id, %(instance_id)s, ok.seq, (e.ord - 1)::int, e.type, e.schema_version,
-           e.partition_key, e.payload::json, %(now)s
-      FROM ok, unnest(%(event_ids)s::uuid[], %(event_types)s::text[],
-                      %(event_versions)s::text[], %(event_keys)s::text[],
-                      %(event_payloads)s::text[])
-           WITH ORDINALITY AS e(event_id, type, schema_version, partition_key, payload, ord)
-    RETURNING 1
-)
-SELECT (SELECT fence FROM inst) AS fence,
-       (SELECT seq FROM ok) AS seq,
-       (SELECT count(*) FROM moved) AS moved,
-       (SELECT count(*) FROM staged) AS staged
-"""
 
 # Acquire, and raise the instance's fence to the new token in the same statement (R2.4).
 # The token is above every token issued for the instance, above the caller's floor, and above
@@ -205,6 +154,7 @@ class PostgresJournal:
 
     def __init__(self, db: PostgresDatabase) -> None:
         self._db = db
+        self._group = GroupCommitter(db)
 
     async def create(self, instance: NewInstance, *, token: int, now: datetime) -> CreateResult:
         params = {
@@ -253,8 +203,8 @@ class PostgresJournal:
             return History(instance=_instance(row), steps=tuple(_step(s) for s in steps))
 
     async def commit(self, commit: StepCommit) -> int | None:
-        async with self._db.connection() as conn:
-            return await commit_one(conn, commit)
+        # Concurrent commits from many instances share statements (group_commit.py).
+        return await self._group.commit(commit)
 
     async def get(self, instance_id: str) -> InstanceRecord | None:
         async with self._db.connection() as conn:
@@ -279,54 +229,6 @@ class PostgresJournal:
             cur = conn.cursor(row_factory=dict_row)
             rows = await (await cur.execute(SELECT_EVENTS, (instance_id,))).fetchall()
             return tuple(EventRecord(**r) for r in rows)
-
-
-def commit_params(commit: StepCommit) -> dict[str, Any]:
-    step = commit.step
-    events = commit.events
-    return {
-        "instance_id": commit.instance_id,
-        "token": commit.token,
-        "now": commit.now,
-        "has_step": step is not None,
-        "scope": step.scope if step else None,
-        "step_id": step.step_id if step else None,
-        "attempt": step.attempt if step else None,
-        "step_name": step.step_name if step else None,
-        "outcome": step.outcome.value if step else None,
-        "result": step.result if step else None,
-        "capability_id": step.capability_id if step else None,
-        "capability_version": step.capability_version if step else None,
-        "nondeterministic": step.nondeterministic if step else None,
-        "duration_ms": step.duration_ms if step else None,
-        "state_bag": commit.state_bag,
-        "state": commit.state.value if commit.state else None,
-        "error": commit.error,
-        "event_ids": [e.event_id for e in events],
-        "event_types": [e.type for e in events],
-        "event_versions": [e.schema_version for e in events],
-        "event_keys": [e.partition_key for e in events],
-        "event_payloads": [e.payload for e in events],
-    }
-
-
-async def commit_one(conn: psycopg.AsyncConnection[Any], commit: StepCommit) -> int | None:
-    """The single-statement commit; translates refusals into store errors."""
-    try:
-        cur = await conn.execute(COMMIT, commit_params(commit), prepare=True)
-    except psycopg.errors.UniqueViolation as exc:
-        step = commit.step
-        if step is not None and exc.diag.constraint_name == "flow_step_pkey":
-            raise DuplicateStep(commit.instance_id, step.scope, step.step_id, step.attempt) from exc
-        raise
-    row = await cur.fetchone()
-    assert row is not None
-    fence, seq, moved = row[0], row[1], row[2]
-    if fence is None:
-        raise UnknownInstance(commit.instance_id)
-    if not moved:
-        raise FencedOut(commit.instance_id, commit.token, int(fence))
-    return int(seq) if commit.step is not None else None
 
 
 class PostgresLeaseStore:

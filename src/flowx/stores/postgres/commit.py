@@ -1,0 +1,352 @@
+"""The step commit, the hot path: one statement, one round trip, and group commit (R6.2).
+
+``COMMIT`` is a single commit: it locks the instance row, checks the fence, inserts the step
+row at ``next_sequence``, moves the instance and stages the outbox rows, or does none of it
+(R2.3, R2.4).
+
+``COMMIT_BATCH`` is many instances' commits in one statement.
+
+Commits arrive one per instance at a time (the engine awaits each), so a batch never holds two
+commits of one instance under a correct lease; the batcher still defers a second one to the
+next batch, because two rows for one instance in one UPDATE would apply only one of them.
+
+The batched statement locks the instances in id order (so two nodes' batches cannot deadlock
+on each other), checks each token against its instance's fence, and writes only the rows that
+pass: one commit refused by its fence leaves the rest of the batch untouched. If the batch
+fails as a whole (a duplicate step row, a deadlock), every commit in it is retried alone, so
+each gets its own exact outcome.
+
+At low load a commit goes out at once, alone; batches form only while earlier ones are in
+flight, which is exactly when waiting costs nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from typing import Any, Final, LiteralString
+
+import psycopg
+
+from flowx.stores.errors import DuplicateStep, FencedOut, UnknownInstance
+from flowx.stores.postgres.database import PostgresDatabase
+from flowx.stores.records import StepCommit
+
+log = logging.getLogger("flowx.postgres")
+
+# The step commit, one statement. `inst` locks the row (primary key); `ok` is empty when the
+# token is below the fence, and then no other part writes anything.
+COMMIT: Final[LiteralString] = """
+WITH inst AS (
+    SELECT fence, next_sequence FROM flow_instance
+     WHERE instance_id = %(instance_id)s FOR UPDATE
+), ok AS (
+    SELECT next_sequence AS seq FROM inst WHERE %(token)s >= fence
+), step AS (
+    INSERT INTO flow_step (instance_id, scope, step_id, attempt, sequence, step_name, outcome,
+                           result, capability_id, capability_version, nondeterministic,
+                           duration_ms, committed_at)
+    SELECT %(instance_id)s::uuid, %(scope)s::text, %(step_id)s::int, %(attempt)s::int, ok.seq,
+           %(step_name)s::text, %(outcome)s::text, %(result)s::json, %(capability_id)s::text,
+           %(capability_version)s::text, %(nondeterministic)s::json, %(duration_ms)s::bigint,
+           %(now)s::timestamptz
+      FROM ok WHERE %(has_step)s
+    RETURNING sequence
+), moved AS (
+    UPDATE flow_instance f
+       SET next_sequence = f.next_sequence + CASE WHEN %(has_step)s THEN 1 ELSE 0 END,
+           state_bag = coalesce(%(state_bag)s::json, f.state_bag),
+           state_bag_sequence = CASE WHEN %(has_step)s AND %(state_bag)s::text IS NOT NULL
+                                     THEN ok.seq ELSE f.state_bag_sequence END,
+           state = coalesce(%(state)s::text, f.state),
+           error = coalesce(%(error)s::json, f.error),
+           resume_count = CASE WHEN %(has_step)s THEN 0 ELSE f.resume_count END,
+           updated_at = %(now)s,
+           version = f.version + 1
+      FROM ok
+     WHERE f.instance_id = %(instance_id)s
+    RETURNING 1
+), staged AS (
+    INSERT INTO outbox_event (event_id, instance_id, sequence, ordinal, type, schema_version,
+                              partition_key, payload, staged_at)
+    SELECT e.event_id, %(instance_id)s, ok.seq, (e.ord - 1)::int, e.type, e.schema_version,
+           e.partition_key, e.payload::json, %(now)s
+      FROM ok, unnest(%(event_ids)s::uuid[], %(event_types)s::text[],
+                      %(event_versions)s::text[], %(event_keys)s::text[],
+                      %(event_payloads)s::text[])
+           WITH ORDINALITY AS e(event_id, type, schema_version, partition_key, payload, ord)
+    RETURNING 1
+)
+SELECT (SELECT fence FROM inst) AS fence,
+       (SELECT seq FROM ok) AS seq,
+       (SELECT count(*) FROM moved) AS moved,
+       (SELECT count(*) FROM staged) AS staged
+"""
+
+
+def commit_params(commit: StepCommit) -> dict[str, Any]:
+    step = commit.step
+    events = commit.events
+    return {
+        "instance_id": commit.instance_id,
+        "token": commit.token,
+        "now": commit.now,
+        "has_step": step is not None,
+        "scope": step.scope if step else None,
+        "step_id": step.step_id if step else None,
+        "attempt": step.attempt if step else None,
+        "step_name": step.step_name if step else None,
+        "outcome": step.outcome.value if step else None,
+        "result": step.result if step else None,
+        "capability_id": step.capability_id if step else None,
+        "capability_version": step.capability_version if step else None,
+        "nondeterministic": step.nondeterministic if step else None,
+        "duration_ms": step.duration_ms if step else None,
+        "state_bag": commit.state_bag,
+        "state": commit.state.value if commit.state else None,
+        "error": commit.error,
+        "event_ids": [e.event_id for e in events],
+        "event_types": [e.type for e in events],
+        "event_versions": [e.schema_version for e in events],
+        "event_keys": [e.partition_key for e in events],
+        "event_payloads": [e.payload for e in events],
+    }
+
+
+async def commit_one(conn: psycopg.AsyncConnection[Any], commit: StepCommit) -> int | None:
+    """The single-statement commit; translates refusals into store errors."""
+    try:
+        cur = await conn.execute(COMMIT, commit_params(commit), prepare=True)
+    except psycopg.errors.UniqueViolation as exc:
+        step = commit.step
+        if step is not None and exc.diag.constraint_name == "flow_step_pkey":
+            raise DuplicateStep(commit.instance_id, step.scope, step.step_id, step.attempt) from exc
+        raise
+    row = await cur.fetchone()
+    assert row is not None
+    fence, seq, moved = row[0], row[1], row[2]
+    if fence is None:
+        raise UnknownInstance(commit.instance_id)
+    if not moved:
+        raise FencedOut(commit.instance_id, commit.token, int(fence))
+    return int(seq) if commit.step is not None else None
+
+
+COMMIT_BATCH: Final[LiteralString] = """
+WITH input AS (
+    SELECT * FROM unnest(
+        %(instance_ids)s::uuid[], %(tokens)s::bigint[], %(has_step)s::bool[],
+        %(scopes)s::text[], %(step_ids)s::int[], %(attempts)s::int[], %(step_names)s::text[],
+        %(outcomes)s::text[], %(results)s::text[], %(capability_ids)s::text[],
+        %(capability_versions)s::text[], %(nondeterministic)s::text[],
+        %(durations)s::bigint[], %(state_bags)s::text[], %(states)s::text[],
+        %(errors)s::text[], %(nows)s::timestamptz[]
+    ) WITH ORDINALITY AS i(instance_id, token, has_step, scope, step_id, attempt, step_name,
+                           outcome, result, capability_id, capability_version,
+                           nondeterministic, duration_ms, state_bag, state, error, now, ord)
+), locked AS (
+    SELECT f.instance_id, f.fence, f.next_sequence
+      FROM flow_instance f
+     WHERE f.instance_id IN (SELECT instance_id FROM input)
+     ORDER BY f.instance_id
+       FOR UPDATE
+), ok AS (
+    SELECT i.*, l.next_sequence AS seq
+      FROM input i JOIN locked l ON l.instance_id = i.instance_id
+     WHERE i.token >= l.fence
+), step AS (
+    INSERT INTO flow_step (instance_id, scope, step_id, attempt, sequence, step_name, outcome,
+                           result, capability_id, capability_version, nondeterministic,
+                           duration_ms, committed_at)
+    SELECT instance_id, scope, step_id, attempt, seq, step_name, outcome, result::json,
+           capability_id, capability_version, nondeterministic::json, duration_ms, now
+      FROM ok WHERE has_step
+    RETURNING 1
+), moved AS (
+    UPDATE flow_instance f
+       SET next_sequence = f.next_sequence + CASE WHEN ok.has_step THEN 1 ELSE 0 END,
+           state_bag = coalesce(ok.state_bag::json, f.state_bag),
+           state_bag_sequence = CASE WHEN ok.has_step AND ok.state_bag IS NOT NULL
+                                     THEN ok.seq ELSE f.state_bag_sequence END,
+           state = coalesce(ok.state, f.state),
+           error = coalesce(ok.error::json, f.error),
+           resume_count = CASE WHEN ok.has_step THEN 0 ELSE f.resume_count END,
+           updated_at = ok.now,
+           version = f.version + 1
+      FROM ok
+     WHERE f.instance_id = ok.instance_id
+    RETURNING ok.ord
+), staged AS (
+    INSERT INTO outbox_event (event_id, instance_id, sequence, ordinal, type, schema_version,
+                              partition_key, payload, staged_at)
+    SELECT e.event_id, ok.instance_id, ok.seq, e.ordinal, e.type, e.schema_version,
+           e.partition_key, e.payload::json, ok.now
+      FROM unnest(%(event_commit)s::bigint[], %(event_ordinals)s::int[], %(event_ids)s::uuid[],
+                  %(event_types)s::text[], %(event_versions)s::text[], %(event_keys)s::text[],
+                  %(event_payloads)s::text[])
+           AS e(commit_ord, ordinal, event_id, type, schema_version, partition_key, payload)
+      JOIN ok ON ok.ord = e.commit_ord
+     ORDER BY e.commit_ord, e.ordinal
+    RETURNING 1
+)
+SELECT i.ord, l.fence, ok.seq
+  FROM input i
+  LEFT JOIN locked l ON l.instance_id = i.instance_id
+  LEFT JOIN ok ON ok.ord = i.ord
+ ORDER BY i.ord
+"""
+
+
+def batch_params(commits: list[StepCommit]) -> dict[str, Any]:
+    p: dict[str, list[Any]] = {
+        k: []
+        for k in (
+            "instance_ids",
+            "tokens",
+            "has_step",
+            "scopes",
+            "step_ids",
+            "attempts",
+            "step_names",
+            "outcomes",
+            "results",
+            "capability_ids",
+            "capability_versions",
+            "nondeterministic",
+            "durations",
+            "state_bags",
+            "states",
+            "errors",
+            "nows",
+            "event_commit",
+            "event_ordinals",
+            "event_ids",
+            "event_types",
+            "event_versions",
+            "event_keys",
+            "event_payloads",
+        )
+    }
+    for ord_, c in enumerate(commits, start=1):
+        s = c.step
+        p["instance_ids"].append(c.instance_id)
+        p["tokens"].append(c.token)
+        p["has_step"].append(s is not None)
+        p["scopes"].append(s.scope if s else None)
+        p["step_ids"].append(s.step_id if s else None)
+        p["attempts"].append(s.attempt if s else None)
+        p["step_names"].append(s.step_name if s else None)
+        p["outcomes"].append(s.outcome.value if s else None)
+        p["results"].append(s.result if s else None)
+        p["capability_ids"].append(s.capability_id if s else None)
+        p["capability_versions"].append(s.capability_version if s else None)
+        p["nondeterministic"].append(s.nondeterministic if s else None)
+        p["durations"].append(s.duration_ms if s else None)
+        p["state_bags"].append(c.state_bag)
+        p["states"].append(c.state.value if c.state else None)
+        p["errors"].append(c.error)
+        p["nows"].append(c.now)
+        for ordinal, e in enumerate(c.events):
+            p["event_commit"].append(ord_)
+            p["event_ordinals"].append(ordinal)
+            p["event_ids"].append(e.event_id)
+            p["event_types"].append(e.type)
+            p["event_versions"].append(e.schema_version)
+            p["event_keys"].append(e.partition_key)
+            p["event_payloads"].append(e.payload)
+    return p
+
+
+_Item = tuple[StepCommit, "asyncio.Future[int | None]"]
+
+
+class GroupCommitter:
+    """Queues commits and sends them in batches, at most ``max_inflight`` at a time."""
+
+    def __init__(
+        self, db: PostgresDatabase, *, max_batch: int = 256, max_inflight: int = 4
+    ) -> None:
+        self._db = db
+        self._max_batch = max_batch
+        self._max_inflight = max_inflight
+        self._pending: deque[_Item] = deque()
+        self._inflight = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.batches = 0
+        self.batched_commits = 0
+
+    async def commit(self, commit: StepCommit) -> int | None:
+        future: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
+        self._pending.append((commit, future))
+        self._dispatch()
+        return await future
+
+    def _dispatch(self) -> None:
+        while self._pending and self._inflight < self._max_inflight:
+            batch = self._take()
+            self._inflight += 1
+            task = asyncio.get_running_loop().create_task(self._run(batch))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    def _take(self) -> list[_Item]:
+        batch: list[_Item] = []
+        seen: set[str] = set()
+        deferred: list[_Item] = []
+        while self._pending and len(batch) < self._max_batch:
+            item = self._pending.popleft()
+            if item[0].instance_id in seen:
+                deferred.append(item)
+                continue
+            seen.add(item[0].instance_id)
+            batch.append(item)
+        self._pending.extendleft(reversed(deferred))
+        return batch
+
+    async def _run(self, batch: list[_Item]) -> None:
+        try:
+            await self._execute(batch)
+        except BaseException as exc:
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+        finally:
+            self._inflight -= 1
+            self._dispatch()
+
+    async def _execute(self, batch: list[_Item]) -> None:
+        async with self._db.connection() as conn:
+            if len(batch) > 1:
+                try:
+                    rows = await (
+                        await conn.execute(COMMIT_BATCH, batch_params([c for c, _ in batch]))
+                    ).fetchall()
+                except (
+                    psycopg.errors.IntegrityError,
+                    psycopg.errors.DeadlockDetected,
+                    psycopg.errors.SerializationFailure,
+                ) as exc:
+                    log.debug("group commit of %d fell back to single commits: %s", len(batch), exc)
+                else:
+                    self.batches += 1
+                    self.batched_commits += len(batch)
+                    for (commit, future), (_, fence, seq) in zip(batch, rows, strict=True):
+                        if future.done():
+                            continue
+                        if fence is None:
+                            future.set_exception(UnknownInstance(commit.instance_id))
+                        elif seq is None:
+                            future.set_exception(
+                                FencedOut(commit.instance_id, commit.token, int(fence))
+                            )
+                        else:
+                            future.set_result(int(seq) if commit.step is not None else None)
+                    return
+            for commit, future in batch:
+                if future.done():
+                    continue
+                try:
+                    future.set_result(await commit_one(conn, commit))
+                except Exception as exc:
+                    future.set_exception(exc)
