@@ -50,11 +50,12 @@ _NOT_FOUND: tuple[type[FlowXError], ...] = (InstanceNotFound, UnknownInstance, F
 
 db_option = click.option(
     "--db",
+    "--dsn",
     "db",
     envvar="FLOWX_DATABASE_URL",
     default=DEFAULT_URL,
     show_default=True,
-    help="Store URL (sqlite:///path.db); also FLOWX_DATABASE_URL.",
+    help="Store URL: sqlite:///path.db or postgresql://...; also FLOWX_DATABASE_URL.",
 )
 
 
@@ -463,6 +464,8 @@ def migrate(db: str, output: str) -> None:
             version: int | None = None
             if isinstance(stores, SqliteStores):
                 version = await stores.db.run(_sqlite_schema_version)
+            elif stores.__class__.__name__ == "PostgresStores":
+                version = await stores.db.schema_version()  # type: ignore[attr-defined]
             return stores.describe(), version
 
     description, version = run(main())
