@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import sqlite3
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
@@ -37,7 +36,6 @@ from flowx.hosting.worker import configure_logging, load_flows, serve
 from flowx.stores.errors import UnknownInstance
 from flowx.stores.protocols import InstanceQuery, Stores
 from flowx.stores.records import InstanceRecord, InstanceState, StepRecord
-from flowx.stores.sqlite import SqliteStores
 
 T = TypeVar("T")
 
@@ -443,12 +441,6 @@ def show(instance_id: str, db: str, output: str) -> None:
     )
 
 
-def _sqlite_schema_version(conn: sqlite3.Connection) -> int:
-    """The highest migration applied; runs on the store's own database thread."""
-    row = conn.execute("SELECT max(version) FROM flowx_schema_migrations").fetchone()
-    return int(row[0] or 0)
-
-
 @cli.command()
 @db_option
 @output_option
@@ -461,12 +453,7 @@ def migrate(db: str, output: str) -> None:
 
     async def main() -> tuple[str, int | None]:
         async with open_stores(db) as stores:
-            version: int | None = None
-            if isinstance(stores, SqliteStores):
-                version = await stores.db.run(_sqlite_schema_version)
-            elif stores.__class__.__name__ == "PostgresStores":
-                version = await stores.db.schema_version()  # type: ignore[attr-defined]
-            return stores.describe(), version
+            return stores.describe(), await stores.schema_version()
 
     description, version = run(main())
     if output == "json":

@@ -183,3 +183,7 @@ class Stores(Protocol):
     def describe(self) -> str:
         """A one-line description for logs and the CLI (no secrets)."""
         ...
+
+    async def schema_version(self) -> int | None:
+        """The migration the store's schema is at; ``None`` for a store with no schema."""
+        ...

@@ -275,3 +275,6 @@ class MemoryStores:
 
     def describe(self) -> str:
         return "memory (this process only; keeps nothing)"
+
+    async def schema_version(self) -> int | None:
+        return None

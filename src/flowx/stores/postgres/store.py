@@ -356,3 +356,6 @@ class PostgresStores:
 
     def describe(self) -> str:
         return f"{redact(self.db.dsn)} (schema {self.db.schema})"
+
+    async def schema_version(self) -> int | None:
+        return await self.db.schema_version()

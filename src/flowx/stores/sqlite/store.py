@@ -477,3 +477,6 @@ class SqliteStores:
 
     def describe(self) -> str:
         return f"sqlite:///{self.db.path}"
+
+    async def schema_version(self) -> int | None:
+        return await self.db.run(lambda conn: self.db.schema_version())
