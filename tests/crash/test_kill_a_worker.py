@@ -14,19 +14,21 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 import flowx
 from tests.crash.crash_flows import Job, job
+from tests.postgres_support import PG_DSN
 
 pytestmark = pytest.mark.crash
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _worker(db: Path, crash_dir: Path) -> subprocess.Popen[bytes]:
+def _worker(db: str, crash_dir: Path) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
         "CRASH_DIR": str(crash_dir),
@@ -41,7 +43,7 @@ def _worker(db: Path, crash_dir: Path) -> subprocess.Popen[bytes]:
             "flowx.cli.main",
             "worker",
             "--db",
-            f"sqlite:///{db}",
+            db,
             "--flows",
             "tests.crash.crash_flows:FLOWS",
             "--log-level",
@@ -72,14 +74,14 @@ def _effects(crash_dir: Path) -> dict[str, int]:
         conn.close()
 
 
-async def _queue(db: Path) -> str:
-    async with flowx.FlowHost(store=flowx.sqlite(db), flows=[job], recovery=False) as host:
+async def _queue(db: str) -> str:
+    async with flowx.FlowHost(store=flowx.from_url(db), flows=[job], recovery=False) as host:
         handle = await host.start(job, Job(name="victim"), run_here=False)
         return handle.instance_id
 
 
-async def _final(db: Path, instance_id: str, timeout: float = 30) -> flowx.InstanceState:
-    stores = flowx.sqlite(db)
+async def _final(db: str, instance_id: str, timeout: float = 30) -> flowx.InstanceState:
+    stores = flowx.from_url(db)
     await stores.open()
     try:
         deadline = time.monotonic() + timeout
@@ -93,8 +95,18 @@ async def _final(db: Path, instance_id: str, timeout: float = 30) -> flowx.Insta
         await stores.close()
 
 
-def _run_crash(tmp_path: Path, park: str) -> tuple[flowx.InstanceState, dict[str, int], int]:
-    db, crash = tmp_path / "flowx.db", tmp_path
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path, pg_schema: Callable[[], str]) -> str:
+    """The same kill, on the embedded journal and on the production one."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'flowx.db'}"
+    return f"{PG_DSN}?flowx_schema={pg_schema()}"
+
+
+def _run_crash(
+    tmp_path: Path, db: str, park: str
+) -> tuple[flowx.InstanceState, dict[str, int], int]:
+    crash = tmp_path
     (crash / park).write_text("")
     instance_id = asyncio.run(_queue(db))
     first = _worker(db, crash)
@@ -116,16 +128,16 @@ def _run_crash(tmp_path: Path, park: str) -> tuple[flowx.InstanceState, dict[str
 
 
 def test_a_kill_between_effect_and_commit_re_executes_that_step_exactly_once(
-    tmp_path: Path,
+    tmp_path: Path, store_url: str
 ) -> None:
-    state, effects, rc = _run_crash(tmp_path, "park-after-effect-b")
+    state, effects, rc = _run_crash(tmp_path, store_url, "park-after-effect-b")
     assert state is flowx.InstanceState.COMPLETED
     assert effects == {"a": 1, "b": 2, "c": 1}  # one kill in the window: one duplicate
     assert rc == 0  # the second worker drained and exited cleanly on SIGTERM (R7.2)
 
 
-def test_a_kill_after_a_commit_duplicates_nothing(tmp_path: Path) -> None:
-    state, effects, rc = _run_crash(tmp_path, "park-before-effect-c")
+def test_a_kill_after_a_commit_duplicates_nothing(tmp_path: Path, store_url: str) -> None:
+    state, effects, rc = _run_crash(tmp_path, store_url, "park-before-effect-c")
     assert state is flowx.InstanceState.COMPLETED
     assert effects == {"a": 1, "b": 1, "c": 1}
     assert rc == 0
