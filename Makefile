@@ -20,8 +20,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	@touch $@
 
-demo: $(STAMP) ## crash a worker mid-flight on the embedded SQLite journal; another finishes
-	$(BIN)/python -m examples.demo
+demo: $(STAMP) ## crash a worker mid-flight (SQLite; STORE=postgresql://... for PostgreSQL); another finishes
+	$(BIN)/python -m examples.demo$(if $(STORE), --store "$(STORE)")
 
 services: ## check the PostgreSQL, Redis, RabbitMQ, NATS and MariaDB the tests use; start any that is down
 	@bash scripts/services.sh

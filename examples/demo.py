@@ -1,12 +1,18 @@
 """``make demo``: crash a worker mid-flight and watch another one finish its work.
 
-1. A node process starts 50 order flows on the embedded SQLite journal and runs them.
+1. A node process starts 50 order flows on the embedded SQLite journal (or on PostgreSQL with
+   ``--store postgresql://...`` / ``FLOWX_DEMO_STORE``) and runs them.
 2. Once it is well into them, the demo SIGKILLs it: no drain, no release, no goodbye.
 3. A second process, ``flowx worker``, finds the abandoned instances with its recovery scan
    (lease TTL 2 s here) and finishes each from its last commit.
 4. The demo reads the journal and the effect ledger and prints what happened. It exits 0 only
    if every instance completed and no step ran twice except where the kill fell between an
    effect and its commit.
+
+On PostgreSQL the demo keeps its journal in a schema of its own, ``flowx_demo`` (or the
+``?flowx_schema=`` named in the URL, which must start with ``flowx_demo``), and drops and
+recreates that schema first, so every run starts fresh. The effect ledger stays in SQLite
+either way: it stands for the world outside the journal.
 """
 
 from __future__ import annotations
@@ -23,8 +29,11 @@ import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
+DEMO_SCHEMA = "flowx_demo"
 
 
 def _flowx_command() -> list[str]:
@@ -50,19 +59,129 @@ async def _node(db: str, count: int) -> None:
         await asyncio.Event().wait()  # until SIGKILL
 
 
-def _query(path: Path, sql: str, *args: object) -> list[tuple[object, ...]]:
-    conn = sqlite3.connect(path, timeout=30)  # read-only use; may need to recover the WAL
-    try:
-        return list(conn.execute(sql, args))
-    finally:
-        conn.close()
+class SqliteJournal:
+    """Reads an SQLite file with the stdlib: the embedded journal (the default), the ledger."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.url = f"sqlite:///{path}"
+        self.shown = self.url
+
+    def query(self, sql: str, *args: object) -> list[tuple[Any, ...]]:
+        conn = sqlite3.connect(self.path, timeout=30)  # read-only use; may recover the WAL
+        try:
+            return list(conn.execute(sql, args))
+        finally:
+            conn.close()
+
+    def count(self, sql: str, *args: object) -> int:
+        if not self.path.exists():
+            return 0
+        rows = self.query(sql, *args)
+        return int(rows[0][0] or 0) if rows else 0
+
+    def first_commits_after(self, at: datetime) -> list[tuple[Any, datetime]]:
+        rows = self.query(
+            "SELECT instance_id, min(committed_at) FROM flow_step WHERE committed_at > ? "
+            "GROUP BY instance_id",
+            at.isoformat(timespec="microseconds"),
+        )
+        return [(iid, datetime.fromisoformat(str(first))) for iid, first in rows]
+
+    def close(self) -> None:
+        pass
 
 
-def _count(path: Path, sql: str, *args: object) -> int:
-    if not path.exists():
-        return 0
-    rows = _query(path, sql, *args)
-    return int(rows[0][0] or 0) if rows else 0
+class PostgresJournal:
+    """Reads a PostgreSQL journal with psycopg, in the demo's own schema."""
+
+    def __init__(self, url: str) -> None:
+        try:
+            import psycopg
+        except ImportError as exc:
+            raise SystemExit(
+                f"demo: a PostgreSQL store needs psycopg: pip install 'flowx[postgres]' ({exc})"
+            ) from exc
+        from flowx.stores.postgres.database import redact
+
+        self._psycopg = psycopg
+        parts = urlsplit(url)
+        query = parse_qsl(parts.query, keep_blank_values=True)
+        named = [v for k, v in query if k == "flowx_schema"]
+        self.schema = named[-1] if named else DEMO_SCHEMA
+        if not self.schema.startswith(DEMO_SCHEMA):
+            raise SystemExit(
+                f"demo: refusing schema {self.schema!r}: the demo drops and recreates its "
+                f"schema, so its name must start with {DEMO_SCHEMA!r} (leave flowx_schema out "
+                f"to use {DEMO_SCHEMA!r})"
+            )
+        rest = [(k, v) for k, v in query if k != "flowx_schema"]
+        self.dsn = urlunsplit(parts._replace(query=urlencode(rest)))
+        # What the node and the worker get: from_url reads ?flowx_schema= itself.
+        self.url = urlunsplit(
+            parts._replace(query=urlencode([*rest, ("flowx_schema", self.schema)]))
+        )
+        self.shown = f"{redact(self.dsn)} (schema {self.schema})"
+        self._conn: Any = None
+
+    def _connection(self) -> Any:
+        if self._conn is None or self._conn.closed:
+            self._conn = self._psycopg.connect(
+                self.dsn,
+                autocommit=True,
+                connect_timeout=5,
+                options=f"-c search_path={self.schema} -c TimeZone=UTC",
+            )
+        return self._conn
+
+    def reset(self) -> None:
+        """A fresh run: drop the demo's schema with everything in it, and recreate it."""
+        from psycopg import sql
+
+        conn = self._connection()
+        name = sql.Identifier(self.schema)
+        with conn.transaction():
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(name))
+            conn.execute(sql.SQL("CREATE SCHEMA {}").format(name))
+
+    def query(self, text: str, *args: object) -> list[tuple[Any, ...]]:
+        # The demo's own constant queries, written with SQLite's `?`; psycopg's is `%s`.
+        return list(self._connection().execute(text.replace("?", "%s"), args).fetchall())
+
+    def count(self, text: str, *args: object) -> int:
+        try:
+            rows = self.query(text, *args)
+        except self._psycopg.errors.UndefinedTable:
+            return 0  # the node has not migrated the fresh schema yet
+        return int(rows[0][0] or 0) if rows else 0
+
+    def first_commits_after(self, at: datetime) -> list[tuple[Any, datetime]]:
+        rows = self.query(
+            "SELECT instance_id, min(committed_at) FROM flow_step WHERE committed_at > ? "
+            "GROUP BY instance_id",
+            at,
+        )
+        return [(iid, first) for iid, first in rows]
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+
+
+Journal = SqliteJournal | PostgresJournal
+
+
+def _open_journal(store: str | None, work: Path) -> Journal:
+    if not store:
+        return SqliteJournal(work / "flowx.db")
+    if store.startswith(("postgresql://", "postgres://")):
+        journal = PostgresJournal(store)
+        journal.reset()
+        return journal
+    raise SystemExit(
+        f"demo: --store takes a postgresql://... URL, not {store!r}; leave it out for the "
+        "embedded SQLite journal"
+    )
 
 
 def _wait(predicate: object, timeout: float, what: str) -> None:
@@ -78,6 +197,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=50)
     parser.add_argument("--dir", default=str(ROOT / ".demo"))
+    parser.add_argument(
+        "--store",
+        default=os.environ.get("FLOWX_DEMO_STORE") or None,
+        help="run on PostgreSQL: postgresql://user@host:5432/db (also FLOWX_DEMO_STORE); "
+        "default: the embedded SQLite journal in --dir",
+    )
     sub = parser.add_subparsers(dest="cmd")
     node = sub.add_parser("node")
     node.add_argument("--db", required=True)
@@ -89,8 +214,15 @@ def main() -> int:
     work = Path(args.dir)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    journal, ledger = work / "flowx.db", work / "ledger.db"
-    db_url = f"sqlite:///{journal}"
+    journal = _open_journal(args.store, work)
+    try:
+        return _run(journal, work / "ledger.db", args.count)
+    finally:
+        journal.close()
+
+
+def _run(journal: Journal, ledger: Path, total: int) -> int:
+    db_url = journal.url
     env = {
         **os.environ,
         "FLOWX_DEMO_LEDGER": str(ledger),
@@ -98,8 +230,7 @@ def main() -> int:
         "FLOWX_RECOVERY_SCAN_INTERVAL": "500ms",
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
     }
-    total = args.count
-    print(f"FlowX demo: {total} order flows on {db_url}")
+    print(f"FlowX demo: {total} order flows on {journal.shown}")
 
     began = time.monotonic()
     victim = subprocess.Popen(
@@ -109,7 +240,7 @@ def main() -> int:
     )
     # Kill once every order has been started, while the later ones are still in flight.
     _wait(
-        lambda: _count(journal, "SELECT count(*) FROM flow_instance") == total,
+        lambda: journal.count("SELECT count(*) FROM flow_instance") == total,
         60,
         "the first node to start every order",
     )
@@ -118,7 +249,7 @@ def main() -> int:
     killed_at = datetime.now(UTC)
     kill_mono = time.monotonic()
     done_q = "SELECT count(*) FROM flow_instance WHERE state = 'Completed'"
-    completed_before = _count(journal, done_q)
+    completed_before = journal.count(done_q)
     print(f"  SIGKILLed node {victim.pid} with {completed_before}/{total} completed")
 
     worker = subprocess.Popen(
@@ -136,33 +267,25 @@ def main() -> int:
         env=env,
     )
     try:
-        _wait(lambda: _count(journal, done_q) == total, 60, "every instance to complete")
+        _wait(lambda: journal.count(done_q) == total, 60, "every instance to complete")
         all_done = time.monotonic() - kill_mono
     finally:
         worker.send_signal(signal.SIGTERM)
         worker_rc = worker.wait(timeout=30)
 
     # -- what happened, read from the journal and the ledger --------------------------------
-    completed = _count(journal, done_q)
-    states = _query(journal, "SELECT state, count(*) FROM flow_instance GROUP BY state")
-    effects = _query(
-        ledger, "SELECT instance_id, step, count(*) FROM ledger GROUP BY instance_id, step"
+    completed = journal.count(done_q)
+    states = journal.query("SELECT state, count(*) FROM flow_instance GROUP BY state")
+    effects = SqliteJournal(ledger).query(
+        "SELECT instance_id, step, count(*) FROM ledger GROUP BY instance_id, step"
     )
-    re_executed = sum(int(n) - 1 for _, _, n in effects if int(n) > 1)  # type: ignore[call-overload]
-    success_rows = _count(
-        journal,
+    re_executed = sum(int(n) - 1 for _, _, n in effects if int(n) > 1)
+    success_rows = journal.count(
         "SELECT count(*) FROM flow_step WHERE outcome = 'Success' AND capability_id IS NOT NULL",
     )
-    ledger_rows = sum(int(n) for _, _, n in effects)  # type: ignore[call-overload]
-    resumed = _query(
-        journal,
-        "SELECT instance_id, min(committed_at) FROM flow_step WHERE committed_at > ? "
-        "GROUP BY instance_id",
-        killed_at.isoformat(timespec="microseconds"),
-    )
-    waits = sorted(
-        (datetime.fromisoformat(str(at)) - killed_at).total_seconds() for _, at in resumed
-    )
+    ledger_rows = sum(int(n) for _, _, n in effects)
+    resumed = journal.first_commits_after(killed_at)
+    waits = sorted((at - killed_at).total_seconds() for _, at in resumed)
     p50 = statistics.median(waits) if waits else 0.0
 
     rows = [
@@ -187,7 +310,7 @@ def main() -> int:
     in_flight = total - completed_before
     per_instance: dict[object, int] = {}
     for instance_id, _, n in effects:
-        per_instance[instance_id] = per_instance.get(instance_id, 0) + int(n) - 1  # type: ignore[call-overload]
+        per_instance[instance_id] = per_instance.get(instance_id, 0) + int(n) - 1
     # One step per instance is in flight at a time, so one kill re-executes at most one.
     ok = (
         completed == total

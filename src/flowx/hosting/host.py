@@ -199,6 +199,9 @@ class FlowHost:
         self._accepting = False
         self._opened = False
         self._recovery_task: asyncio.Task[None] | None = None
+        self._connector: asyncio.Task[None] | None = None
+        self._store_ready = False
+        self._connected = asyncio.Event()
         self._threads: ThreadPoolExecutor | None = None
         self.recovery = (
             RecoveryService(
@@ -260,20 +263,82 @@ class FlowHost:
         await self.drain()
 
     async def open(self) -> None:
-        """Connect the stores (migrating them) and start the recovery scan."""
+        """Connect the stores (migrating them) and start the recovery scan.
+
+        A journal that cannot be reached *now* does not stop the node: it opens without it,
+        runs Ephemeral flows, refuses Durable ones with the retryable ``JournalUnavailable``
+        (SPEC §8), and keeps reconnecting in the background; ``ready`` turns true when the
+        journal is back (R7.1). A store that answers but is wrong — not a FlowX journal, a
+        schema newer than this code — is refused here, at once.
+        """
         if self._opened:
             return
+        self._stop = asyncio.Event()
+        self._connected = asyncio.Event()
         self._threads = ThreadPoolExecutor(
             max_workers=self.settings.capability_threads, thread_name_prefix="flowx-capability"
         )
         if self.store is not None:
-            await self.store.open()
-            if self._run_recovery and self.recovery is not None:
-                self._recovery_task = asyncio.get_running_loop().create_task(
-                    self.recovery.run_forever(self._stop), name="flowx-recovery"
+            try:
+                await self._connect()
+            except JournalUnavailable as exc:
+                log.warning(
+                    "journal unavailable at start-up (%s); reconnecting in the "
+                    "background, Durable flows refused until then",
+                    exc,
                 )
+                self._connector = asyncio.get_running_loop().create_task(
+                    self._reconnect(), name="flowx-reconnect"
+                )
+            except BaseException:
+                self._threads.shutdown(wait=False, cancel_futures=True)
+                self._threads = None
+                raise
         self._opened = True
         self._accepting = True
+
+    async def _connect(self) -> None:
+        assert self.store is not None
+        await self.store.open()
+        self._store_ready = True
+        self._connected.set()
+        if self._run_recovery and self.recovery is not None:
+            self._recovery_task = asyncio.get_running_loop().create_task(
+                self.recovery.run_forever(self._stop), name="flowx-recovery"
+            )
+
+    async def _reconnect(self) -> None:
+        delay = 0.5
+        while not self._stop.is_set():
+            try:
+                await asyncio.wait_for(self._stop.wait(), timeout=delay)
+                return
+            except TimeoutError:
+                pass
+            try:
+                await self._connect()
+            except JournalUnavailable as exc:
+                delay = min(delay * 2, 10.0)
+                log.info("journal still unavailable (%s); next try in %.1fs", exc, delay)
+                continue
+            except FlowXError as exc:
+                log.error("journal reached but refused (%s); this node stays not ready", exc)
+                return
+            log.info("journal reachable again: %s", self.store.describe() if self.store else "")
+            return
+
+    @property
+    def ready(self) -> bool:
+        """Readiness (R7.1): open, accepting work, and every configured store reachable."""
+        return self._opened and self._accepting and (self.store is None or self._store_ready)
+
+    async def wait_ready(self, timeout: float | None = None) -> None:
+        """Wait until ``ready`` (for probes, tests and the CLI)."""
+
+        if self.store is not None and not self._store_ready:
+            await asyncio.wait_for(self._connected.wait(), timeout)
+        if not self.ready:
+            raise FlowXError("the host is not open, or is draining", code="host.not_ready")
 
     async def drain(self, timeout: float | None = None) -> None:
         """Stop accepting work, let in-flight instances finish, release every lease (R7.2).
@@ -284,6 +349,11 @@ class FlowHost:
         """
         self._accepting = False
         self._stop.set()
+        if self._connector is not None:
+            self._connector.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._connector
+            self._connector = None
         if self._recovery_task is not None:
             self._recovery_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -303,8 +373,11 @@ class FlowHost:
                     budget,
                 )
                 await asyncio.gather(*pending, return_exceptions=True)
-        if self.store is not None and self._opened:
+        if self.store is not None and self._store_ready:
             await self.store.close()
+        self._store_ready = False
+        self._connected = asyncio.Event()
+        self._recovery_task = None
         if self._threads is not None:
             self._threads.shutdown(wait=False, cancel_futures=True)
             self._threads = None
@@ -316,6 +389,11 @@ class FlowHost:
                 "this host has no journal, so it cannot run a Durable flow; pass "
                 "store=flowx.sqlite('flowx.db') to FlowHost, or declare the flow "
                 "profile=flowx.Ephemeral if losing it on a crash is acceptable"
+            )
+        if self._opened and not self._store_ready:
+            raise JournalUnavailable(
+                f"the journal ({self.store.describe()}) has not been reachable since this "
+                "node started; it is reconnecting in the background, retry later"
             )
         return self.store
 

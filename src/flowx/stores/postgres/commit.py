@@ -30,7 +30,7 @@ from typing import Any, Final, LiteralString
 import psycopg
 
 from flowx.stores.errors import DuplicateStep, FencedOut, UnknownInstance
-from flowx.stores.postgres.database import PostgresDatabase
+from flowx.stores.postgres.database import PostgresDatabase, unavailable
 from flowx.stores.records import StepCommit
 
 log = logging.getLogger("flowx.postgres")
@@ -348,5 +348,8 @@ class GroupCommitter:
                     continue
                 try:
                     future.set_result(await commit_one(conn, commit))
+                except psycopg.OperationalError as exc:
+                    # Translated here too: this error never leaves the connection block.
+                    future.set_exception(unavailable(self._db.dsn, exc))
                 except Exception as exc:
                     future.set_exception(exc)

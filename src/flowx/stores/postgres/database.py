@@ -80,13 +80,20 @@ class PostgresDatabase:
             "tcp_user_timeout": tcp_user_timeout_ms,
             "application_name": "flowx",
         }
-        self.pool = AsyncConnectionPool(
-            dsn,
-            min_size=min_size,
-            max_size=max_size,
+        self._min_size, self._max_size = min_size, max_size
+        self.pool = self._new_pool()
+        #: A psycopg pool opens once: after a failed open (or a close) the next ``open()``
+        #: needs a fresh one, or a journal that was down at boot could never be reconnected.
+        self._pool_spent = False
+
+    def _new_pool(self) -> AsyncConnectionPool[AsyncConnection[Any]]:
+        return AsyncConnectionPool(
+            self.dsn,
+            min_size=self._min_size,
+            max_size=self._max_size,
             kwargs=self._kwargs,
             configure=self._configure,
-            timeout=connect_timeout,
+            timeout=self._connect_timeout,
             open=False,
             name="flowx",
         )
@@ -111,6 +118,10 @@ class PostgresDatabase:
             raise unavailable(self.dsn, exc) from exc
 
     async def open(self, *, migrate: bool = True) -> None:
+        if self._pool_spent:
+            await self.pool.close()
+            self.pool = self._new_pool()
+        self._pool_spent = True
         try:
             await self.pool.open(wait=True, timeout=self._connect_timeout)
         except (PoolTimeout, psycopg.OperationalError) as exc:

@@ -1,0 +1,1 @@
+"""Test-only helpers: fault injection between FlowX and the services it depends on."""
