@@ -41,8 +41,9 @@ from flowx.hosting.recovery import RecoveryScanResult, RecoveryService, ResumeVe
 from flowx.hosting.settings import HostSettings
 from flowx.plan.model import EmitNode, ForEachNode, Node, Plan, StepNode, walk
 from flowx.stores.errors import FencedOut, JournalUnavailable, UnknownInstance
-from flowx.stores.protocols import Stores
+from flowx.stores.protocols import LeasedCreate, Stores
 from flowx.stores.records import (
+    CreateResult,
     EventWrite,
     InstanceRecord,
     InstanceState,
@@ -454,10 +455,28 @@ class FlowHost:
         else:
             instance_id = str(uuid.uuid4())
         ttl = self.settings.lease_ttl
-        sent = time.monotonic()
-        lease = await stores.leases.acquire(
-            instance_id, owner=self.node_id, ttl=ttl, now=self.clock.now()
+        now = self.clock.now()
+        tenant = plan.partition_key(value) if plan.partition_key is not None else None
+        new = NewInstance(
+            instance_id=instance_id,
+            flow_id=plan.flow_id,
+            flow_version=plan.version,
+            input=input_text,
+            state_bag=codec.dumps(plan.state_model()),
+            state=InstanceState.RUNNING if run_here else InstanceState.PENDING,
+            tenant_id=None if tenant is None else str(tenant),
+            idempotency_key=idempotency_key,
+            correlation_id=correlation_id,
+            deadline_at=now + plan.deadline if plan.deadline else None,
+            codec_version=codec.CODEC_VERSION,
         )
+        sent = time.monotonic()
+        created: CreateResult | None = None
+        if isinstance(stores, LeasedCreate):
+            # Lease first (R3.3), in the same write as the instance row.
+            lease, created = await stores.create_leased(new, owner=self.node_id, ttl=ttl, now=now)
+        else:
+            lease = await stores.leases.acquire(instance_id, owner=self.node_id, ttl=ttl, now=now)
         if lease is None:
             # Another start with the same key holds the lease: its row is a moment away.
             for _ in range(50):
@@ -477,29 +496,12 @@ class FlowHost:
             clock=self.clock,
             acquired_at_monotonic=sent,
         )
-        now = self.clock.now()
-        tenant = plan.partition_key(value) if plan.partition_key is not None else None
-        try:
-            created = await stores.journal.create(
-                NewInstance(
-                    instance_id=instance_id,
-                    flow_id=plan.flow_id,
-                    flow_version=plan.version,
-                    input=input_text,
-                    state_bag=codec.dumps(plan.state_model()),
-                    state=InstanceState.RUNNING if run_here else InstanceState.PENDING,
-                    tenant_id=None if tenant is None else str(tenant),
-                    idempotency_key=idempotency_key,
-                    correlation_id=correlation_id,
-                    deadline_at=now + plan.deadline if plan.deadline else None,
-                    codec_version=codec.CODEC_VERSION,
-                ),
-                token=lease.token,
-                now=now,
-            )
-        except BaseException:
-            await durable.release()
-            raise
+        if created is None:
+            try:
+                created = await stores.journal.create(new, token=lease.token, now=now)
+            except BaseException:
+                await durable.release()
+                raise
         if not created.created:
             await durable.release()
             return self._existing(plan, created.instance, input_text)

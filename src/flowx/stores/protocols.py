@@ -157,6 +157,22 @@ class RecoveryIndex(Protocol):
 
 
 @runtime_checkable
+class LeasedCreate(Protocol):
+    """**Protocol (optional):** a backend that keeps journal and leases in one database can
+    take a new instance's lease and create the instance in one write — one round trip (one
+    fsync) fewer on every start. Declared by the capability, never guessed from the backend.
+    """
+
+    async def create_leased(
+        self, instance: NewInstance, *, owner: str, ttl: timedelta, now: datetime
+    ) -> tuple[Lease | None, CreateResult | None]:
+        """``(None, None)`` if another owner holds the instance's lease (nothing written).
+        Otherwise the granted lease and the outcome of ``FlowJournal.create`` under its token;
+        when that says ``created=False`` the caller releases the lease it was given."""
+        ...
+
+
+@runtime_checkable
 class Stores(Protocol):
     """**Protocol:** what a backend hands the host: its roles, plus lifecycle."""
 

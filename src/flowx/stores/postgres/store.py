@@ -111,6 +111,38 @@ WITH floor AS (
 )
 SELECT fencing_token, expires_at FROM granted
 """
+# A new instance's lease and its row in one statement (LeasedCreate). The instance takes the
+# granted token as its fence; an existing instance (same id or key) is left untouched.
+CREATE_LEASED: Final[LiteralString] = (
+    """
+WITH granted AS (
+    INSERT INTO flow_lease AS l (instance_id, owner_node, fencing_token, expires_at, acquired_at)
+    VALUES (%(instance_id)s, %(owner)s, 1, %(expires)s, %(now)s)
+    ON CONFLICT (instance_id) DO UPDATE
+       SET owner_node = excluded.owner_node,
+           fencing_token = l.fencing_token + 1,
+           expires_at = excluded.expires_at,
+           acquired_at = excluded.acquired_at
+     WHERE l.expires_at <= %(now)s
+    RETURNING fencing_token, expires_at
+), created AS (
+    INSERT INTO flow_instance (instance_id, flow_id, flow_version, tenant_id, state, fence,
+        input, state_bag, idempotency_key, correlation_id, deadline_at, parent_instance_id,
+        parent_scope, parent_step_id, codec_version, created_at, updated_at)
+    SELECT %(instance_id)s, %(flow_id)s, %(flow_version)s, %(tenant_id)s, %(state)s,
+           g.fencing_token, %(input)s::json, %(state_bag)s::json, %(idempotency_key)s,
+           %(correlation_id)s, %(deadline_at)s::timestamptz, %(parent_instance_id)s::uuid,
+           %(parent_scope)s, %(parent_step_id)s::int, %(codec_version)s, %(now)s, %(now)s
+      FROM granted g
+    ON CONFLICT DO NOTHING
+    RETURNING """
+    + _INSTANCE_COLUMNS
+    + """
+)
+SELECT g.fencing_token AS lease_token, g.expires_at AS lease_expires, c.*
+  FROM granted g LEFT JOIN created c ON true
+"""
+)
 RENEW: Final[LiteralString] = (
     "UPDATE flow_lease SET expires_at = %(expires)s WHERE instance_id = %(instance_id)s "
     "AND fencing_token = %(token)s AND expires_at > %(now)s RETURNING expires_at"
@@ -153,6 +185,39 @@ def _step(r: dict[str, Any]) -> StepRecord:
     return StepRecord(**{**r, "outcome": Outcome(r["outcome"])})
 
 
+def create_params(instance: NewInstance, token: int, now: datetime) -> dict[str, Any]:
+    return {
+        "instance_id": instance.instance_id,
+        "flow_id": instance.flow_id,
+        "flow_version": instance.flow_version,
+        "tenant_id": instance.tenant_id,
+        "state": instance.state.value,
+        "token": token,
+        "input": instance.input,
+        "state_bag": instance.state_bag,
+        "idempotency_key": instance.idempotency_key,
+        "correlation_id": instance.correlation_id,
+        "deadline_at": instance.deadline_at,
+        "parent_instance_id": instance.parent_instance_id,
+        "parent_scope": instance.parent_scope,
+        "parent_step_id": instance.parent_step_id,
+        "codec_version": instance.codec_version,
+        "now": now,
+    }
+
+
+async def existing(cur: Any, instance: NewInstance) -> InstanceRecord:
+    """The row a create conflicted with: same id, or same flow and idempotency key."""
+    row = await (await cur.execute(SELECT_INSTANCE, (instance.instance_id,))).fetchone()
+    if row is None and instance.idempotency_key is not None:
+        row = await (
+            await cur.execute(SELECT_BY_KEY, (instance.flow_id, instance.idempotency_key))
+        ).fetchone()
+    if row is None:  # conflicted, then vanished: a concurrent purge; report it
+        raise UnknownInstance(instance.instance_id)
+    return _instance(row)
+
+
 class PostgresJournal:
     """``FlowJournal`` on PostgreSQL."""
 
@@ -161,37 +226,32 @@ class PostgresJournal:
         self._group = GroupCommitter(db)
 
     async def create(self, instance: NewInstance, *, token: int, now: datetime) -> CreateResult:
-        params = {
-            "instance_id": instance.instance_id,
-            "flow_id": instance.flow_id,
-            "flow_version": instance.flow_version,
-            "tenant_id": instance.tenant_id,
-            "state": instance.state.value,
-            "token": token,
-            "input": instance.input,
-            "state_bag": instance.state_bag,
-            "idempotency_key": instance.idempotency_key,
-            "correlation_id": instance.correlation_id,
-            "deadline_at": instance.deadline_at,
-            "parent_instance_id": instance.parent_instance_id,
-            "parent_scope": instance.parent_scope,
-            "parent_step_id": instance.parent_step_id,
-            "codec_version": instance.codec_version,
-            "now": now,
-        }
+        params = create_params(instance, token, now)
         async with self._db.connection() as conn:
             cur = conn.cursor(row_factory=dict_row)
             row = await (await cur.execute(INSERT_INSTANCE, params)).fetchone()
             if row is not None:
                 return CreateResult(instance=_instance(row), created=True)
-            row = await (await cur.execute(SELECT_INSTANCE, (instance.instance_id,))).fetchone()
-            if row is None and instance.idempotency_key is not None:
-                row = await (
-                    await cur.execute(SELECT_BY_KEY, (instance.flow_id, instance.idempotency_key))
-                ).fetchone()
-            if row is None:  # conflicted, then vanished: a concurrent purge; report it
-                raise UnknownInstance(instance.instance_id)
-            return CreateResult(instance=_instance(row), created=False)
+            return CreateResult(instance=await existing(cur, instance), created=False)
+
+    async def create_leased(
+        self, instance: NewInstance, *, owner: str, ttl: timedelta, now: datetime
+    ) -> tuple[Lease | None, CreateResult | None]:
+        params = {**create_params(instance, 0, now), "owner": owner, "expires": now + ttl}
+        async with self._db.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            row = await (await cur.execute(CREATE_LEASED, params, prepare=True)).fetchone()
+            if row is None:
+                return None, None
+            lease = Lease(
+                instance_id=instance.instance_id,
+                owner=owner,
+                token=int(row.pop("lease_token")),
+                expires_at=row.pop("lease_expires"),
+            )
+            if row["instance_id"] is not None:
+                return lease, CreateResult(instance=_instance(row), created=True)
+            return lease, CreateResult(instance=await existing(cur, instance), created=False)
 
     async def open(self, instance_id: str, *, token: int, now: datetime) -> History:
         async with self._db.connection() as conn, conn.transaction():
@@ -353,6 +413,12 @@ class PostgresStores:
         self.leases = PostgresLeaseStore(self.db)
         self.recovery = PostgresRecoveryIndex(self.db)
         self.catalog = PostgresCatalog(self.db)
+
+    async def create_leased(
+        self, instance: NewInstance, *, owner: str, ttl: timedelta, now: datetime
+    ) -> tuple[Lease | None, CreateResult | None]:
+        """``LeasedCreate``: lease and instance in one statement."""
+        return await self.journal.create_leased(instance, owner=owner, ttl=ttl, now=now)
 
     async def open(self) -> None:
         await self.db.open(migrate=self._migrate)

@@ -112,6 +112,77 @@ def _event(row: tuple[Any, ...]) -> EventRecord:
     )
 
 
+def create_in(
+    conn: sqlite3.Connection, instance: NewInstance, token: int, now: datetime
+) -> CreateResult:
+    """Insert the instance row inside the caller's write transaction."""
+    row = conn.execute(_SELECT_INSTANCE, (instance.instance_id,)).fetchone()
+    if row is None and instance.idempotency_key is not None:
+        row = conn.execute(
+            f"SELECT {_INSTANCE_COLUMNS} FROM flow_instance "
+            "WHERE flow_id = ? AND idempotency_key = ?",  # flow_instance_idempotency_idx
+            (instance.flow_id, instance.idempotency_key),
+        ).fetchone()
+    if row is not None:
+        return CreateResult(instance=_instance(row), created=False)
+    stamp = to_text(now)
+    conn.execute(
+        "INSERT INTO flow_instance (instance_id, flow_id, flow_version, tenant_id, "
+        "state, fence, next_sequence, input, state_bag, idempotency_key, "
+        "correlation_id, deadline_at, parent_instance_id, parent_scope, "
+        "parent_step_id, codec_version, created_at, updated_at) "
+        "VALUES (?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            instance.instance_id,
+            instance.flow_id,
+            instance.flow_version,
+            instance.tenant_id,
+            instance.state.value,
+            token,
+            instance.input,
+            instance.state_bag,
+            instance.idempotency_key,
+            instance.correlation_id,
+            to_text(instance.deadline_at) if instance.deadline_at else None,
+            instance.parent_instance_id,
+            instance.parent_scope,
+            instance.parent_step_id,
+            instance.codec_version,
+            stamp,
+            stamp,
+        ),
+    )
+    created = conn.execute(_SELECT_INSTANCE, (instance.instance_id,)).fetchone()
+    return CreateResult(instance=_instance(created), created=True)
+
+
+def acquire_in(
+    conn: sqlite3.Connection,
+    instance_id: str,
+    owner: str,
+    ttl: timedelta,
+    now: datetime,
+    floor: int,
+) -> Lease | None:
+    """Grant the lease inside the caller's write transaction."""
+    row = conn.execute(
+        "SELECT fencing_token, expires_at FROM flow_lease WHERE instance_id = ?",
+        (instance_id,),
+    ).fetchone()
+    stamp, expires = to_text(now), now + ttl
+    if row is not None and row[1] > stamp:
+        return None
+    token = max(row[0] if row else 0, floor) + 1
+    conn.execute(
+        "INSERT INTO flow_lease (instance_id, owner_node, fencing_token, expires_at, "
+        "acquired_at) VALUES (?, ?, ?, ?, ?) ON CONFLICT (instance_id) DO UPDATE SET "
+        "owner_node = excluded.owner_node, fencing_token = excluded.fencing_token, "
+        "expires_at = excluded.expires_at, acquired_at = excluded.acquired_at",
+        (instance_id, owner, token, to_text(expires), stamp),
+    )
+    return Lease(instance_id=instance_id, owner=owner, token=token, expires_at=expires)
+
+
 class SqliteJournal:
     """``FlowJournal`` on the SQLite file."""
 
@@ -119,47 +190,7 @@ class SqliteJournal:
         self._db = db
 
     async def create(self, instance: NewInstance, *, token: int, now: datetime) -> CreateResult:
-        def tx(conn: sqlite3.Connection) -> CreateResult:
-            row = conn.execute(_SELECT_INSTANCE, (instance.instance_id,)).fetchone()
-            if row is None and instance.idempotency_key is not None:
-                row = conn.execute(
-                    f"SELECT {_INSTANCE_COLUMNS} FROM flow_instance "
-                    "WHERE flow_id = ? AND idempotency_key = ?",  # flow_instance_idempotency_idx
-                    (instance.flow_id, instance.idempotency_key),
-                ).fetchone()
-            if row is not None:
-                return CreateResult(instance=_instance(row), created=False)
-            stamp = to_text(now)
-            conn.execute(
-                "INSERT INTO flow_instance (instance_id, flow_id, flow_version, tenant_id, "
-                "state, fence, next_sequence, input, state_bag, idempotency_key, "
-                "correlation_id, deadline_at, parent_instance_id, parent_scope, "
-                "parent_step_id, codec_version, created_at, updated_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    instance.instance_id,
-                    instance.flow_id,
-                    instance.flow_version,
-                    instance.tenant_id,
-                    instance.state.value,
-                    token,
-                    instance.input,
-                    instance.state_bag,
-                    instance.idempotency_key,
-                    instance.correlation_id,
-                    to_text(instance.deadline_at) if instance.deadline_at else None,
-                    instance.parent_instance_id,
-                    instance.parent_scope,
-                    instance.parent_step_id,
-                    instance.codec_version,
-                    stamp,
-                    stamp,
-                ),
-            )
-            created = conn.execute(_SELECT_INSTANCE, (instance.instance_id,)).fetchone()
-            return CreateResult(instance=_instance(created), created=True)
-
-        return await self._db.write(tx)
+        return await self._db.write(lambda conn: create_in(conn, instance, token, now))
 
     async def open(self, instance_id: str, *, token: int, now: datetime) -> History:
         def tx(conn: sqlite3.Connection) -> History:
@@ -322,25 +353,9 @@ class SqliteLeaseStore:
     async def acquire(
         self, instance_id: str, *, owner: str, ttl: timedelta, now: datetime, floor: int = 0
     ) -> Lease | None:
-        def tx(conn: sqlite3.Connection) -> Lease | None:
-            row = conn.execute(
-                "SELECT fencing_token, expires_at FROM flow_lease WHERE instance_id = ?",
-                (instance_id,),
-            ).fetchone()
-            stamp, expires = to_text(now), now + ttl
-            if row is not None and row[1] > stamp:
-                return None
-            token = max(row[0] if row else 0, floor) + 1
-            conn.execute(
-                "INSERT INTO flow_lease (instance_id, owner_node, fencing_token, expires_at, "
-                "acquired_at) VALUES (?, ?, ?, ?, ?) ON CONFLICT (instance_id) DO UPDATE SET "
-                "owner_node = excluded.owner_node, fencing_token = excluded.fencing_token, "
-                "expires_at = excluded.expires_at, acquired_at = excluded.acquired_at",
-                (instance_id, owner, token, to_text(expires), stamp),
-            )
-            return Lease(instance_id=instance_id, owner=owner, token=token, expires_at=expires)
-
-        return await self._db.write(tx)
+        return await self._db.write(
+            lambda conn: acquire_in(conn, instance_id, owner, ttl, now, floor)
+        )
 
     async def renew(self, lease: Lease, *, ttl: timedelta, now: datetime) -> Lease:
         def tx(conn: sqlite3.Connection) -> Lease:
@@ -468,6 +483,19 @@ class SqliteStores:
         self.leases = SqliteLeaseStore(self.db)
         self.recovery = SqliteRecoveryIndex(self.db)
         self.catalog = SqliteCatalog(self.db)
+
+    async def create_leased(
+        self, instance: NewInstance, *, owner: str, ttl: timedelta, now: datetime
+    ) -> tuple[Lease | None, CreateResult | None]:
+        """``LeasedCreate``: the lease and the instance in one transaction, one fsync."""
+
+        def tx(conn: sqlite3.Connection) -> tuple[Lease | None, CreateResult | None]:
+            lease = acquire_in(conn, instance.instance_id, owner, ttl, now, 0)
+            if lease is None:
+                return None, None
+            return lease, create_in(conn, instance, lease.token, now)
+
+        return await self.db.write(tx)
 
     async def open(self) -> None:
         await self.db.open(migrate=self._migrate)

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from flowx.stores.errors import LeaseLost
-from flowx.testing.conformance._support import at, new_id
+from flowx.stores.protocols import LeasedCreate
+from flowx.testing.conformance._support import at, instance, new_id
 
 TTL = timedelta(seconds=30)
 
@@ -112,3 +113,34 @@ class LeaseStoreConformance:
         lb = await stores.leases.acquire(b, owner="n1", ttl=TTL, now=at(0))
         assert la is not None and lb is not None
         assert await stores.leases.current(new_id()) is None
+
+    async def test_a_leased_create_takes_lease_and_instance_in_one_write(self, stores: Any) -> None:
+        """Only for stores that declare ``LeasedCreate``; the rest start in two writes."""
+        if not isinstance(stores, LeasedCreate):
+            pytest.skip("this store does not declare LeasedCreate")
+        iid = new_id()
+        lease, created = await stores.create_leased(
+            instance(iid, idempotency_key="lc-1"), owner="n1", ttl=TTL, now=at(0)
+        )
+        assert lease is not None and created is not None and created.created
+        assert created.instance.fence == lease.token
+        assert (await stores.leases.current(iid)).token == lease.token
+        # Held by n1: a second start for the same id writes nothing.
+        assert await stores.create_leased(
+            instance(iid, input='{"x":2}'), owner="n2", ttl=TTL, now=at(1)
+        ) == (None, None)
+        assert (await stores.journal.get(iid)).input == created.instance.input
+        # Released: the lease is granted again, higher, and the existing row is returned.
+        await stores.leases.release(lease, now=at(2))
+        again, existing = await stores.create_leased(
+            instance(iid, input='{"x":3}'), owner="n2", ttl=TTL, now=at(3)
+        )
+        assert again is not None and again.token > lease.token
+        assert existing is not None and not existing.created
+        assert existing.instance.input == created.instance.input
+        # Same idempotency key, another id: the first instance is returned.
+        other, by_key = await stores.create_leased(
+            instance(new_id(), idempotency_key="lc-1"), owner="n3", ttl=TTL, now=at(4)
+        )
+        assert other is not None and by_key is not None and not by_key.created
+        assert by_key.instance.instance_id == iid
