@@ -663,9 +663,8 @@ class FlowHost:
 
     async def recover_once(self) -> RecoveryScanResult:
         """One recovery sweep now (tests and `flowx` tooling drive it directly)."""
-        if self.recovery is None:
-            self._require_stores()
-            raise AssertionError("unreachable")
+        self._require_stores()  # no journal, or not reachable yet: a clear error, not a scan
+        assert self.recovery is not None  # built whenever there is a store
         return await self.recovery.run_once()
 
     # -- reading ---------------------------------------------------------------------------
