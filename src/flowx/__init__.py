@@ -33,7 +33,10 @@ from flowx.hosting import (
     RecoveryScanResult,
     from_url,
     memory,
+    postgres,
+    redis_leases,
     sqlite,
+    with_leases,
 )
 from flowx.plan import Durable, Ephemeral, Plan, Profile, Retry, event, flow
 from flowx.stores.errors import (
@@ -96,5 +99,8 @@ __all__ = [
     "flow",
     "from_url",
     "memory",
+    "postgres",
+    "redis_leases",
     "sqlite",
+    "with_leases",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -9,7 +10,9 @@ import pytest
 
 from flowx.stores.memory import MemoryStores
 from flowx.stores.postgres import PostgresStores
+from flowx.stores.paired import with_leases
 from flowx.stores.protocols import Stores
+from flowx.stores.redis import RedisLeaseStore
 from flowx.stores.sqlite import SqliteStores
 from flowx.testing.conformance import (
     JournalConformance,
@@ -17,6 +20,7 @@ from flowx.testing.conformance import (
     RecoveryIndexConformance,
 )
 from tests.postgres_support import PG_DSN
+from tests.redis_support import REDIS_URL, drop_redis_prefix
 
 
 @pytest.fixture(params=["memory", "sqlite", "postgres"])
@@ -42,7 +46,32 @@ class TestJournal(JournalConformance):
 
 
 class TestLeaseStore(LeaseStoreConformance):
-    pass
+    """Leases run on Redis too, paired with the PostgreSQL journal as in production."""
+
+    @pytest.fixture(params=["memory", "sqlite", "postgres", "redis"])
+    async def stores(
+        self, request: pytest.FixtureRequest, tmp_path: Path, pg_schema: Callable[[], str]
+    ) -> AsyncIterator[Stores]:
+        prefix = f"flowx-test-{uuid.uuid4().hex[:12]}"
+        backend: Stores
+        if request.param == "memory":
+            backend = MemoryStores()
+        elif request.param == "sqlite":
+            backend = SqliteStores(tmp_path / "flowx.db")
+        elif request.param == "postgres":
+            backend = PostgresStores(PG_DSN, schema=pg_schema())
+        else:
+            backend = with_leases(
+                PostgresStores(PG_DSN, schema=pg_schema()),
+                RedisLeaseStore(REDIS_URL, prefix=prefix),
+            )
+        await backend.open()
+        try:
+            yield backend
+        finally:
+            await backend.close()
+            if request.param == "redis":
+                await drop_redis_prefix(prefix)
 
 
 class TestRecoveryIndex(RecoveryIndexConformance):

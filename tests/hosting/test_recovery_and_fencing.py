@@ -215,23 +215,98 @@ async def test_a_pending_instance_is_picked_up_without_waiting_a_ttl(host_factor
     assert (await handle.result()).second == "two"
 
 
+async def _abandon(memory_store: Any, clock: Any, names: list[str]) -> list[str]:
+    """Instances a dead node left Running: created under a lease nobody renews."""
+    ids = []
+    for name in names:
+        iid = f"abandoned-{name}"
+        await memory_store.leases.acquire(
+            iid, owner="dead", ttl=timedelta(seconds=30), now=clock.now()
+        )
+        await memory_store.journal.create(
+            NewInstance(
+                instance_id=iid,
+                flow_id="rec.job",
+                flow_version="1.0.0",
+                input=codec.dumps(Job(name=name)),
+                state_bag="{}",
+                state=InstanceState.RUNNING,
+            ),
+            token=(await memory_store.leases.current(iid)).token,
+            now=clock.now(),
+        )
+        ids.append(iid)
+    return ids
+
+
 async def test_a_scan_asks_for_no_more_than_its_free_recovery_slots(
-    host_factory: Any, memory_store: Any
+    host_factory: Any, memory_store: Any, clock: Any
 ) -> None:
     gate.update({f"slot{i}": asyncio.Event() for i in range(5)})
-    producer = await host_factory(PLAN, settings=settings())
-    for i in range(5):
-        await producer.start(PLAN, Job(name=f"slot{i}"), run_here=False)
+    await _abandon(memory_store, clock, [f"slot{i}" for i in range(5)])
+    clock.advance(seconds=31)
     worker = await host_factory(
         PLAN, settings=settings(max_concurrent_recoveries=2, recovery_scan_batch_size=10)
     )
     first_scan = await worker.recover_once()
-    assert first_scan.resumed == 2
-    assert (await worker.recover_once()).skipped_busy  # R3.4: no second page yet
+    assert (first_scan.found, first_scan.resumed, first_scan.full) == (2, 2, True)
+    busy = await worker.recover_once()
+    assert busy.skipped_busy and busy.full  # R3.4: no second page yet
     for event in gate.values():
         event.set()
     await worker.wait_idle()
     assert (await worker.recover_once()).resumed == 2
+
+
+async def test_queued_instances_are_bounded_by_flow_slots_not_recovery_slots(
+    host_factory: Any,
+) -> None:
+    gate.update({f"q{i}": asyncio.Event() for i in range(5)})
+    producer = await host_factory(PLAN, settings=settings())
+    for i in range(5):
+        await producer.start(PLAN, Job(name=f"q{i}"), run_here=False)
+    worker = await host_factory(
+        PLAN, settings=settings(max_concurrent_recoveries=1, max_concurrent_flows=3)
+    )
+    scan = await worker.recover_once()
+    assert (scan.queued, scan.full) == (3, True)
+    assert worker.in_flight == 3
+    assert (await worker.recover_once()).queued == 0  # no free flow slot
+    for event in gate.values():
+        event.set()
+    await worker.wait_idle()
+    assert (await worker.recover_once()).queued == 2
+
+
+async def test_a_scan_looks_ahead_and_wakes_when_the_first_candidate_is_due(
+    host_factory: Any, memory_store: Any, clock: Any
+) -> None:
+    """Resume latency ~ one TTL, not a TTL plus a scan interval (issue 4)."""
+    [iid] = await _abandon(memory_store, clock, ["ahead"])
+    worker = await host_factory(PLAN, settings=settings(recovery_scan_interval="10s"))
+    clock.advance(seconds=25)  # due in 5 s; the next sweep would come 7.5–12.5 s from now
+    scan = await worker.recover_once()
+    assert (scan.found, scan.upcoming) == (0, 1)
+    assert scan.wake_at == clock.now() + timedelta(seconds=5)
+    assert (await memory_store.journal.get(iid)).fence == 1  # looked at, not touched
+    clock.advance(seconds=5)
+    assert (await worker.recover_once()).resumed == 1
+
+
+async def test_a_due_candidate_with_a_live_lease_wakes_the_scan_when_the_lease_runs_out(
+    host_factory: Any, memory_store: Any, clock: Any
+) -> None:
+    [iid] = await _abandon(memory_store, clock, ["renewed"])
+    clock.advance(seconds=5)  # the dead node renewed once more before it died
+    lease = await memory_store.leases.current(iid)
+    await memory_store.leases.renew(lease, ttl=timedelta(seconds=30), now=clock.now())
+    clock.advance(seconds=26)  # idle 31 s: due, but the lease runs 4 s more
+    worker = await host_factory(PLAN, settings=settings())
+    scan = await worker.recover_once()
+    assert (scan.found, scan.lost_race) == (1, 1)
+    assert scan.wake_at == clock.now() + timedelta(seconds=4)
+    clock.advance(seconds=4)
+    assert (await worker.recover_once()).resumed == 1
 
 
 async def test_drain_releases_leases_so_a_peer_resumes_at_once(
@@ -274,7 +349,7 @@ async def test_the_scan_walks_from_a_random_offset_and_wraps_round(
     clock.advance(seconds=60)  # all six are idle past a TTL
     seen: list[str] = []
 
-    async def resume(candidate: Any) -> Any:
+    async def resume(candidate: Any, queued: bool) -> Any:
         seen.append(candidate.instance_id)
         return "resumed"
 
@@ -314,3 +389,38 @@ def test_settings_come_from_the_environment_and_arguments_win(
     monkeypatch.setenv("FLOWX_MAX_CONCURRENT_FLOWS", "zero")
     with pytest.raises(flowx.SettingsError, match="max_concurrent_flows"):
         flowx.HostSettings.load()
+
+
+async def test_drain_finishes_the_step_in_flight_and_hands_the_instance_back(
+    host_factory: Any, memory_store: Any, clock: Any
+) -> None:
+    """R7.2: the step running at SIGTERM commits; the rest is left Pending for a peer."""
+    gate["handback"] = asyncio.Event()
+    two_steps = (
+        flowx.flow("rec.handback", version="1.0.0", input=Job, state=JobState)
+        .step(second, into="second")
+        .step(first, into="first")
+        .build()
+    )
+    node1 = await host_factory(two_steps, settings=settings())
+    handle = await node1.start(two_steps, Job(name="handback"))
+    while "second" not in log:
+        await asyncio.sleep(0)
+    draining = asyncio.ensure_future(node1.drain(timeout=5))
+    await asyncio.sleep(0)
+    gate["handback"].set()  # the step in flight finishes inside the budget
+    await draining
+    record = await memory_store.journal.get(handle.instance_id)
+    assert record.state is InstanceState.PENDING
+    assert [r.step_name for r in await memory_store.journal.steps(handle.instance_id)] == [
+        "rec.second"
+    ]
+    assert not any(entry.startswith("first") for entry in log)  # the next step did not start
+    assert (await memory_store.leases.current(handle.instance_id)).expires_at <= clock.now()
+    node2 = await host_factory(two_steps, settings=settings())
+    scan = await node2.recover_once()  # no clock advance: no TTL to wait
+    assert scan.queued == 1
+    await node2.wait_idle()
+    done = await node2.get(handle.instance_id)
+    assert done.state is InstanceState.COMPLETED
+    assert log.count("second") == 1  # not re-executed

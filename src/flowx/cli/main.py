@@ -55,6 +55,14 @@ db_option = click.option(
     show_default=True,
     help="Store URL: sqlite:///path.db or postgresql://...; also FLOWX_DATABASE_URL.",
 )
+leases_option = click.option(
+    "--leases",
+    "leases",
+    envvar="FLOWX_LEASES_URL",
+    default=None,
+    help="Take leases from Redis (redis://host:6379/0) instead of the store; also "
+    "FLOWX_LEASES_URL. Every worker and tool on one journal must name the same one.",
+)
 
 
 def output_option(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -182,6 +190,7 @@ def cli() -> None:
 
 @cli.command()
 @db_option
+@leases_option
 @flows_option
 @click.option("--node-id", default=None, help="Name of this node in leases and logs.")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text")
@@ -206,6 +215,7 @@ def cli() -> None:
 )
 def worker(
     db: str,
+    leases: str | None,
     flows: tuple[str, ...],
     node_id: str | None,
     log_format: str,
@@ -229,7 +239,14 @@ def worker(
     except FlowXError as exc:
         fail(exc)
     code = run(
-        serve(store_url=db, plans=plans, settings=settings, node_id=node_id, ready_file=ready_file)
+        serve(
+            store_url=db,
+            leases_url=leases,
+            plans=plans,
+            settings=settings,
+            node_id=node_id,
+            ready_file=ready_file,
+        )
     )
     sys.exit(code)
 
@@ -237,6 +254,7 @@ def worker(
 @cli.command()
 @click.argument("flow_id")
 @db_option
+@leases_option
 @flows_option
 @output_option
 @click.option("--version", "version", default=None, help="Flow version (default: highest).")
@@ -253,6 +271,7 @@ def worker(
 def start(
     flow_id: str,
     db: str,
+    leases: str | None,
     flows: tuple[str, ...],
     output: str,
     version: str | None,
@@ -270,7 +289,7 @@ def start(
     payload = input_file.read_text() if input_file is not None else (input_json or "{}")
 
     async def main() -> tuple[str, bool]:
-        stores = from_url(db)
+        stores = from_url(db, leases=leases)
         host = FlowHost(store=stores, flows=load_flows(flows), recovery=False)
         plan = host.plan(flow_id, version)
         if not plan.durable:

@@ -68,7 +68,7 @@ class Committer(Protocol):
     ) -> Awaitable[None]: ...
 
 
-RunOutcome = Literal["completed", "failed", "compensation_failed", "aborted"]
+RunOutcome = Literal["completed", "failed", "compensation_failed", "aborted", "yielded"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -98,6 +98,10 @@ class _StepFailed(Exception):
         self.node = node
         self.scope = scope
         self.error = error
+
+
+class _Yield(Exception):
+    """Raised at a step boundary when the host asks the run to hand the instance back."""
 
 
 class _Abort(Exception):
@@ -165,8 +169,13 @@ class Execution:
         registry: CapabilityRegistry | None = None,
         on_step: Callable[[str, StepWrite], None] | None = None,
         executor: Executor | None = None,
+        should_yield: Callable[[], bool] | None = None,
     ) -> None:
         self.plan = plan
+        # Asked before each new step attempt: a draining node finishes the step it is in,
+        # then hands the instance back (``Pending``) so a peer takes it without waiting a
+        # TTL (R7.2). Compensation is never interrupted this way.
+        self._should_yield = should_yield
         self.instance_id = instance_id
         self.input = input_value
         self.commit = committer
@@ -305,6 +314,8 @@ class Execution:
             if not self._completed:
                 await self._transition(InstanceState.COMPLETED)
             return self._result("completed")
+        except _Yield:
+            return self._result("yielded")
         except _Abort as abort:
             # R3.5: another node owns this instance now. Discard, and never compensate.
             log.warning(
@@ -377,6 +388,10 @@ class Execution:
             self.completed.append(_Done(node=node, scope=scope, argument=argument, result=value))
             self.replayed += 1
             return value
+        if self._should_yield is not None and self._should_yield():
+            # A fenced write like any other: a node that lost the lease hands back nothing.
+            await self._transition(InstanceState.PENDING)
+            raise _Yield
         cap = self._pinned(node, a)
         policy = node.retry if cap.idempotent else NO_RETRY
         failures = list(a.failures)

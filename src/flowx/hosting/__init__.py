@@ -4,7 +4,7 @@ from flowx.hosting.host import FlowHandle, FlowHost
 from flowx.hosting.lease import DurableLease
 from flowx.hosting.recovery import RecoveryScanResult, RecoveryService
 from flowx.hosting.settings import HostSettings
-from flowx.hosting.stores import from_url, memory, sqlite
+from flowx.hosting.stores import from_url, memory, postgres, redis_leases, sqlite, with_leases
 
 __all__ = [
     "DurableLease",
@@ -15,5 +15,8 @@ __all__ = [
     "RecoveryService",
     "from_url",
     "memory",
+    "postgres",
+    "redis_leases",
     "sqlite",
+    "with_leases",
 ]

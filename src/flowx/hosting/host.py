@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
@@ -40,7 +41,12 @@ from flowx.hosting.lease import DurableLease
 from flowx.hosting.recovery import RecoveryScanResult, RecoveryService, ResumeVerdict
 from flowx.hosting.settings import HostSettings
 from flowx.plan.model import EmitNode, ForEachNode, Node, Plan, StepNode, walk
-from flowx.stores.errors import FencedOut, JournalUnavailable, UnknownInstance
+from flowx.stores.errors import (
+    FencedOut,
+    JournalUnavailable,
+    LeaseUnavailable,
+    UnknownInstance,
+)
 from flowx.stores.protocols import LeasedCreate, Stores
 from flowx.stores.records import (
     CreateResult,
@@ -211,6 +217,8 @@ class FlowHost:
                 clock=self.clock,
                 in_flight=lambda: len(self._recovering),
                 resume=self._resume_candidate,
+                free_flow_slots=lambda: self.settings.max_concurrent_flows - len(self._tasks),
+                lease_expiry=self._lease_expiry,
             )
             if store is not None
             else None
@@ -282,7 +290,7 @@ class FlowHost:
         if self.store is not None:
             try:
                 await self._connect()
-            except JournalUnavailable as exc:
+            except (JournalUnavailable, LeaseUnavailable) as exc:
                 log.warning(
                     "journal unavailable at start-up (%s); reconnecting in the "
                     "background, Durable flows refused until then",
@@ -318,7 +326,7 @@ class FlowHost:
                 pass
             try:
                 await self._connect()
-            except JournalUnavailable as exc:
+            except (JournalUnavailable, LeaseUnavailable) as exc:
                 delay = min(delay * 2, 10.0)
                 log.info("journal still unavailable (%s); next try in %.1fs", exc, delay)
                 continue
@@ -342,8 +350,10 @@ class FlowHost:
             raise FlowXError("the host is not open, or is draining", code="host.not_ready")
 
     async def drain(self, timeout: float | None = None) -> None:
-        """Stop accepting work, let in-flight instances finish, release every lease (R7.2).
+        """Stop accepting work, finish in-flight steps, release every lease (R7.2).
 
+        Each running instance finishes the step it is in, commits it, and is handed back
+        (``Pending``) at that boundary, so a peer's next sweep takes it with no TTL to wait.
         Instances still running when the budget ends are cancelled — not failed: cancelling
         a step is not a failure, so nothing compensates — and their leases are released, so
         a peer resumes them at once from their last commit.
@@ -552,9 +562,10 @@ class FlowHost:
         lease: DurableLease,
         *,
         recovering: bool = False,
+        queued: bool = False,
     ) -> None:
         lease.start()
-        if recovering:
+        if recovering and not queued:
             self._recovering.add(record.instance_id)
         task = asyncio.get_running_loop().create_task(
             self._execute(plan, record, history, lease), name=f"flowx-{record.instance_id}"
@@ -565,6 +576,8 @@ class FlowHost:
             if self._tasks.get(iid) is t:
                 del self._tasks[iid]
             self._recovering.discard(iid)
+            if self.recovery is not None:
+                self.recovery.slot_freed()
 
         task.add_done_callback(done)
 
@@ -589,6 +602,7 @@ class FlowHost:
                     tenant_id=record.tenant_id,
                     registry=self.registry,
                     executor=self._threads,
+                    should_yield=lambda: not self._accepting,
                 )
                 result = await execution.run()
                 log.debug("instance %s: %s", record.instance_id, result.outcome)
@@ -612,14 +626,18 @@ class FlowHost:
             await lease.release()
         return None
 
-    async def _resume_candidate(self, candidate: RecoveryCandidate) -> ResumeVerdict:
+    async def _resume_candidate(self, candidate: RecoveryCandidate, queued: bool) -> ResumeVerdict:
         if not self.carries(candidate.flow_id, candidate.flow_version):
             return "not_runnable"  # R7.3: leave it for a node that carries the version
         if candidate.instance_id in self._tasks or not self._accepting:
             return "lost_race"
-        return await self.resume(candidate.instance_id)
+        return await self.resume(candidate.instance_id, queued=queued)
 
-    async def resume(self, instance_id: str) -> ResumeVerdict:
+    async def _lease_expiry(self, instance_id: str) -> datetime | None:
+        lease = await self._require_stores().leases.current(instance_id)
+        return None if lease is None else lease.expires_at
+
+    async def resume(self, instance_id: str, *, queued: bool = False) -> ResumeVerdict:
         """Take over an instance and run it from its last commit. Losing the race is a skip."""
         stores = self._require_stores()
         record = await stores.journal.get(instance_id)
@@ -658,7 +676,7 @@ class FlowHost:
         if history.instance.state.terminal:
             await durable.release()
             return "gone"
-        self._spawn(plan, history.instance, history.steps, durable, recovering=True)
+        self._spawn(plan, history.instance, history.steps, durable, recovering=True, queued=queued)
         return "resumed"
 
     async def recover_once(self) -> RecoveryScanResult:

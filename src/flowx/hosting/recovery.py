@@ -5,6 +5,22 @@ loop around it sleeps the scan interval with jitter. A sweep asks for at most as
 candidates as this node has free recovery slots — so no second page is taken until earlier
 recoveries finish — and walks the page from a random offset, wrapping round to the head, so
 nodes that scan at the same moment do not all fight over the same oldest rows.
+
+Two things keep resume latency near one TTL rather than a TTL plus a scan interval plus a
+queue (measured by ``benchmarks/chaos.py``):
+
+* **Looking ahead.** A sweep also reads instances that will have been idle for a TTL before
+  the next sweep (never earlier than two thirds of a TTL). It does not touch them; it wakes
+  again at the moment the earliest one becomes due, instead of up to a whole interval later.
+  When a due candidate's lease is still live (its owner renewed after its last commit), the
+  sweep reads when that lease runs out and wakes then too, if that is before the next sweep.
+* **No idle wait behind a full page.** A sweep that filled every free slot, or found no free
+  slot, is followed by another as soon as a recovery finishes, not an interval later: after a
+  node with hundreds of instances dies, the survivors drain the backlog at the speed they run
+  it.
+
+Queued instances (``Pending``: started for any worker, or handed back by a draining node) are
+work, not recovery: they are bounded by the node's free flow slots, not its recovery slots.
 """
 
 from __future__ import annotations
@@ -14,6 +30,7 @@ import logging
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Literal
 
 from flowx.clock import Clock
@@ -25,6 +42,12 @@ from flowx.stores.records import RecoveryCandidate
 log = logging.getLogger("flowx.recovery")
 
 ResumeVerdict = Literal["resumed", "lost_race", "not_runnable", "gone"]
+#: ``resume(candidate, queued)``: take the instance over and run it here.
+Resume = Callable[[RecoveryCandidate, bool], Awaitable[ResumeVerdict]]
+#: When the lease on an instance runs out, if anyone holds it.
+LeaseExpiry = Callable[[str], Awaitable[datetime | None]]
+#: A wake-up this close to the next scheduled sweep is left to that sweep.
+_MIN_EARLY = 0.05
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -39,6 +62,14 @@ class RecoveryScanResult:
     not_runnable: int = 0
     #: No free recovery slot, so no page was asked for.
     skipped_busy: bool = False
+    #: Queued instances taken (part of ``found`` and ``resumed``).
+    queued: int = 0
+    #: Idle instances not yet due; the sweep wakes again when the first is.
+    upcoming: int = 0
+    #: When this sweep wants the next one (``None``: at the regular interval).
+    wake_at: datetime | None = None
+    #: Every free slot was used: more work may be waiting right now.
+    full: bool = False
 
 
 class RecoveryService:
@@ -51,7 +82,9 @@ class RecoveryService:
         settings: HostSettings,
         clock: Clock,
         in_flight: Callable[[], int],
-        resume: Callable[[RecoveryCandidate], Awaitable[ResumeVerdict]],
+        resume: Resume,
+        free_flow_slots: Callable[[], int] | None = None,
+        lease_expiry: LeaseExpiry | None = None,
         rng: random.Random | None = None,
     ) -> None:
         self._index = index
@@ -59,15 +92,84 @@ class RecoveryService:
         self._clock = clock
         self._in_flight = in_flight
         self._resume = resume
+        self._free_flow_slots = free_flow_slots
+        self._lease_expiry = lease_expiry
         self._rng = rng or random.Random()
+        self._slot_freed = asyncio.Event()
+
+    def slot_freed(self) -> None:
+        """Called by the host when a recovered or queued instance stops running here."""
+        self._slot_freed.set()
+
+    @property
+    def lookahead(self) -> timedelta:
+        """How far past the TTL cutoff a sweep reads: up to the next sweep, at most a third
+        of a TTL (so a long step of a live owner is not probed every sweep)."""
+        s = self._settings
+        horizon = s.recovery_scan_interval * (1 + s.recovery_scan_jitter)
+        return min(horizon, s.lease_ttl / 3)
 
     async def run_once(self) -> RecoveryScanResult:
-        free = self._settings.max_concurrent_recoveries - self._in_flight()
-        if free <= 0:
-            return RecoveryScanResult(skipped_busy=True)
-        limit = min(free, self._settings.recovery_scan_batch_size)
         now = self._clock.now()
-        idle = self._settings.lease_ttl
+        ttl = self._settings.lease_ttl
+        free = self._settings.max_concurrent_recoveries - self._in_flight()
+        counts = {"resumed": 0, "lost_race": 0, "not_runnable": 0, "gone": 0}
+        wake: datetime | None = None
+        due: list[RecoveryCandidate] = []
+        upcoming = 0
+        if free > 0:
+            limit = min(free, self._settings.recovery_scan_batch_size)
+            for c in await self._abandoned(now, limit):
+                eligible = c.updated_at + ttl
+                if eligible <= now:
+                    due.append(c)
+                else:
+                    upcoming += 1
+                    wake = eligible if wake is None else min(wake, eligible)
+            verdicts = await self._take(due, queued=False)
+            for c, verdict in zip(due, verdicts, strict=True):
+                counts[verdict] += 1
+                if verdict == "lost_race" and self._lease_expiry is not None:
+                    expires = await self._lease_expiry(c.instance_id)
+                    if expires is not None and expires > now:
+                        wake = expires if wake is None else min(wake, expires)
+        queued_taken = 0
+        queued_page = 0
+        room = self._queued_room()
+        queued_full = room <= 0
+        if room > 0:
+            page = [
+                c
+                for c in await self._index.find_queued(limit=room)
+                if all(c.instance_id != d.instance_id for d in due)
+            ]
+            verdicts = await self._take(page, queued=True)
+            for verdict in verdicts:
+                counts[verdict] += 1
+            queued_taken = sum(v == "resumed" for v in verdicts)
+            queued_page = len(page)
+            queued_full = queued_page >= room
+        return RecoveryScanResult(
+            found=len(due) + queued_page,
+            resumed=counts["resumed"],
+            lost_race=counts["lost_race"] + counts["gone"],
+            not_runnable=counts["not_runnable"],
+            skipped_busy=free <= 0,
+            queued=queued_taken,
+            upcoming=upcoming,
+            wake_at=wake,
+            full=free <= 0 or len(due) + upcoming >= free or queued_full,
+        )
+
+    def _queued_room(self) -> int:
+        batch = self._settings.recovery_scan_batch_size
+        if self._free_flow_slots is None:
+            return batch
+        return min(batch, self._free_flow_slots())
+
+    async def _abandoned(self, now: datetime, limit: int) -> list[RecoveryCandidate]:
+        ttl = self._settings.lease_ttl
+        idle = ttl - self.lookahead
         offset = self._rng.randrange(limit)
         page = list(
             await self._index.find_abandoned(now=now, idle_for=idle, limit=limit, offset=offset)
@@ -79,39 +181,53 @@ class RecoveryService:
             )
             seen = {c.instance_id for c in page}
             page.extend(c for c in head if c.instance_id not in seen)
-        if len(page) < limit:
-            # Queued instances (started for any worker) need no TTL to pass.
-            seen = {c.instance_id for c in page}
-            queued = await self._index.find_queued(limit=limit - len(page))
-            page.extend(c for c in queued if c.instance_id not in seen)
-        counts = {"resumed": 0, "lost_race": 0, "not_runnable": 0, "gone": 0}
-        for candidate in page:
-            counts[await self._resume(candidate)] += 1
-        return RecoveryScanResult(
-            found=len(page),
-            resumed=counts["resumed"],
-            lost_race=counts["lost_race"] + counts["gone"],
-            not_runnable=counts["not_runnable"],
-        )
+        return page
+
+    async def _take(
+        self, candidates: list[RecoveryCandidate], *, queued: bool
+    ) -> list[ResumeVerdict]:
+        # Concurrently: each takeover is a few round trips, and a backlog after a node dies
+        # should cost the slowest of them, not their sum.
+        if not candidates:
+            return []
+        return list(await asyncio.gather(*(self._resume(c, queued) for c in candidates)))
 
     def next_delay(self) -> float:
         base = self._settings.recovery_scan_interval.total_seconds()
         jitter = self._settings.recovery_scan_jitter
         return base * self._rng.uniform(1 - jitter, 1 + jitter)
 
+    def _delay_after(self, result: RecoveryScanResult | None) -> float:
+        delay = self.next_delay()
+        if result is not None and result.wake_at is not None:
+            early = (result.wake_at - self._clock.now()).total_seconds() + _MIN_EARLY
+            delay = max(_MIN_EARLY, min(delay, early))
+        return delay
+
     async def run_forever(self, stop: asyncio.Event) -> None:
         # Start at a random point of the first interval, not in step with the rest of a fleet.
         delay = self._rng.uniform(0, self.next_delay())
+        result: RecoveryScanResult | None = None
         while not stop.is_set():
+            self._slot_freed.clear()
+            waits = [asyncio.ensure_future(stop.wait())]
+            if result is not None and result.full:
+                waits.append(asyncio.ensure_future(self._slot_freed.wait()))
             try:
-                await asyncio.wait_for(stop.wait(), timeout=delay)
+                await asyncio.wait(waits, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
+            if stop.is_set():
                 return
-            except TimeoutError:
-                pass
+            if self._slot_freed.is_set():
+                # Let a few more finish, so a busy node sweeps a few times a second at most.
+                await asyncio.sleep(_MIN_EARLY)
             try:
                 result = await self.run_once()
-                if result.found:
+                if result.resumed:
                     log.info("recovery scan: %s", result)
             except FlowXError as exc:
+                result = None
                 log.warning("recovery scan failed (%s); next scan as scheduled", exc)
-            delay = self.next_delay()
+            delay = self._delay_after(result)

@@ -12,6 +12,9 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from flowx.errors import FlowXError
 from flowx.stores.memory import MemoryStores
+from flowx.stores.paired import with_leases
+
+__all__ = ["from_url", "memory", "postgres", "redis_leases", "sqlite", "with_leases"]
 from flowx.stores.protocols import Stores
 from flowx.stores.sqlite import SqliteStores
 
@@ -48,8 +51,40 @@ def postgres(dsn: str, *, schema: str | None = None, migrate: bool = True, **poo
     )
 
 
-def from_url(url: str, *, migrate: bool = True) -> Stores:
-    """Build the stores a URL names; raise ``FlowXError`` saying which forms exist."""
+def redis_leases(url: str = "redis://127.0.0.1:6379/0", **kw: Any) -> Any:
+    """A Redis lease store (``flowx[redis]``), to pair with a journal: ``with_leases``.
+
+    ``?flowx_prefix=`` in the URL names the key prefix (default ``flowx``)."""
+    try:
+        from flowx.stores.redis import RedisLeaseStore
+    except ImportError as exc:
+        raise FlowXError(
+            f"the Redis lease store needs redis-py: pip install 'flowx[redis]' ({exc})",
+            code="store.not_available",
+        ) from exc
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    named = [v for k, v in query if k == "flowx_prefix"]
+    rest = [(k, v) for k, v in query if k != "flowx_prefix"]
+    clean = urlunsplit(parts._replace(query=urlencode(rest)))
+    if named:
+        kw.setdefault("prefix", named[-1])
+    return RedisLeaseStore(clean, **kw)
+
+
+def from_url(url: str, *, migrate: bool = True, leases: str | None = None) -> Stores:
+    """Build the stores a URL names; raise ``FlowXError`` saying which forms exist.
+
+    ``leases`` (``redis://…``) takes leases from Redis instead of the journal's own database.
+    Every node and tool that touches the same instances must name the same lease store.
+    """
+    if leases:
+        if not leases.startswith(("redis://", "rediss://", "unix://")):
+            raise FlowXError(
+                f"unknown lease store URL {leases!r}; use redis://host:6379/0",
+                code="store.bad_url",
+            )
+        return with_leases(from_url(url, migrate=migrate), redis_leases(leases))
     if url.startswith("sqlite:///"):
         path = url.removeprefix("sqlite:///")
         if not path:

@@ -94,13 +94,19 @@ def configure_logging(fmt: str, level: str) -> None:
 async def serve(
     *,
     store_url: str,
+    leases_url: str | None = None,
     plans: list[Plan],
     settings: HostSettings,
     node_id: str | None = None,
     ready_file: Path | None = None,
 ) -> int:
     """Run a node until SIGTERM/SIGINT, then drain. Returns the exit code."""
-    host = FlowHost(store=from_url(store_url), flows=plans, settings=settings, node_id=node_id)
+    host = FlowHost(
+        store=from_url(store_url, leases=leases_url),
+        flows=plans,
+        settings=settings,
+        node_id=node_id,
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

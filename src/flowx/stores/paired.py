@@ -1,0 +1,79 @@
+"""A journal from one backend and leases from another (PostgreSQL journal, Redis leases).
+
+Why pairing is safe: the fence is enforced by the journal, not by the lease store. The journal
+raises its fence to a lease's token when the instance is opened or created and refuses every
+commit under a lower one (R2.4), so a lease store that forgets or lags can cost a retry but
+never a write past a fence. Because the two are separate, the pair does not offer
+``LeasedCreate``: a start takes the lease, then writes the row.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from flowx.stores.protocols import (
+    FlowJournal,
+    InstanceCatalog,
+    LeaseStore,
+    RecoveryIndex,
+    Stores,
+)
+
+
+class OpenableLeaseStore(LeaseStore, Protocol):
+    """A lease store with a connection of its own to open and close."""
+
+    async def open(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    def describe(self) -> str: ...
+
+
+class PairedStores:
+    """``Stores`` whose leases come from ``leases`` and everything else from ``journal``."""
+
+    def __init__(self, journal: Stores, leases: OpenableLeaseStore) -> None:
+        self._base = journal
+        self._leases = leases
+
+    @property
+    def journal(self) -> FlowJournal:
+        return self._base.journal
+
+    @property
+    def leases(self) -> LeaseStore:
+        return self._leases
+
+    @property
+    def recovery(self) -> RecoveryIndex:
+        return self._base.recovery
+
+    @property
+    def catalog(self) -> InstanceCatalog:
+        return self._base.catalog
+
+    async def open(self) -> None:
+        await self._base.open()
+        try:
+            await self._leases.open()
+        except BaseException:
+            await self._base.close()
+            raise
+
+    async def close(self) -> None:
+        try:
+            await self._leases.close()
+        finally:
+            await self._base.close()
+
+    def describe(self) -> str:
+        return f"{self._base.describe()}; {self._leases.describe()}"
+
+    async def schema_version(self) -> int | None:
+        return await self._base.schema_version()
+
+
+def with_leases(journal: Stores, leases: OpenableLeaseStore) -> PairedStores:
+    """Pair a journal backend with a separate lease store."""
+    return PairedStores(journal, leases)
