@@ -89,8 +89,12 @@ def percentile(values: list[float], q: float) -> float:
 async def run_level(url: str, plan: flowx.Plan, instances: int, concurrency: int) -> dict[str, Any]:
     stores = TimedStores(flowx.from_url(url))
     settings = flowx.HostSettings(max_concurrent_flows=concurrency)
-    async with flowx.FlowHost(store=stores, flows=[plan], settings=settings,  # type: ignore[arg-type]
-                              recovery=False) as host:
+    async with flowx.FlowHost(
+        store=stores,
+        flows=[plan],
+        settings=settings,  # type: ignore[arg-type]
+        recovery=False,
+    ) as host:
         gate = asyncio.Semaphore(concurrency)
 
         async def one(n: int) -> None:
@@ -145,8 +149,14 @@ def main() -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"journal_throughput-{backend}-{args.steps}steps.json"
     out.write_text(json.dumps(record, indent=2) + "\n")
-    cols = ["concurrency", "step_commits_per_s", "flows_per_s", "commit_p50_ms",
-            "commit_p99_ms", "elapsed_s"]
+    cols = [
+        "concurrency",
+        "step_commits_per_s",
+        "flows_per_s",
+        "commit_p50_ms",
+        "commit_p99_ms",
+        "elapsed_s",
+    ]
     print(f"B7 journal throughput on {backend}: {args.instances} instances x {args.steps} steps")
     print("  ".join(f"{c:>18}" for c in cols))
     for r in results:
@@ -155,8 +165,10 @@ def main() -> None:
         # The ceiling measured on this machine with pgbench for the same commit pattern,
         # one commit per transaction (see the issue that introduced B7).
         best = max(r["step_commits_per_s"] for r in results)
-        print(f"best: {best:.0f} step-commits/s = {best / 5300:.0%} of the ~5,300/s "
-              "one-per-transaction pgbench ceiling")
+        print(
+            f"best: {best:.0f} step-commits/s = {best / 5300:.0%} of the ~5,300/s "
+            "one-per-transaction pgbench ceiling"
+        )
     print(f"written to {out.relative_to(Path.cwd()) if out.is_relative_to(Path.cwd()) else out}")
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from flowx.stores.memory import MemoryStores
-from flowx.stores.postgres import PostgresStores
 from flowx.stores.paired import with_leases
+from flowx.stores.postgres import PostgresStores
 from flowx.stores.protocols import Stores
 from flowx.stores.redis import RedisLeaseStore
 from flowx.stores.sqlite import SqliteStores

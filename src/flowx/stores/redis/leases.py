@@ -19,6 +19,7 @@ evict: its counter is only an optimisation over the journal's fence from then on
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
@@ -72,6 +73,7 @@ return 0
 """
 
 _CONNECTION_ERRORS = (redis_errors.ConnectionError, redis_errors.TimeoutError)
+_ATTEMPTS = 3
 
 
 def _ms(moment: datetime) -> int:
@@ -134,14 +136,24 @@ class RedisLeaseStore:
     async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         if fn is None:
             raise LeaseUnavailable("the Redis lease store is not open; call open() first")
-        try:
-            return await fn(*args, **kwargs)
-        except _CONNECTION_ERRORS as exc:
-            error = LeaseUnavailable(
-                f"Redis at {self._url.split('@')[-1]} is unavailable "
-                f"({type(exc).__name__}: {exc}); retry when it is back"
-            )
-            raise error from exc
+        # A pooled connection is found dead only when used: after a Redis restart, the first
+        # command on each fails and the connection reconnects on the next. Retrying is safe
+        # for every script here: renew and release are idempotent, and an acquire whose reply
+        # was lost finds its own live lease and says "held" — the instance waits one TTL,
+        # it never gets two owners.
+        for attempt in range(_ATTEMPTS):
+            try:
+                return await fn(*args, **kwargs)
+            except _CONNECTION_ERRORS as exc:
+                if attempt + 1 < _ATTEMPTS:
+                    await asyncio.sleep(0.02 * 2**attempt)
+                    continue
+                failure = exc
+        error = LeaseUnavailable(
+            f"Redis at {self._url.split('@')[-1]} is unavailable "
+            f"({type(failure).__name__}: {failure}); retry when it is back"
+        )
+        raise error from failure
 
     async def acquire(
         self, instance_id: str, *, owner: str, ttl: timedelta, now: datetime, floor: int = 0
