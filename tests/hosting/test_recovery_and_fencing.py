@@ -289,7 +289,7 @@ async def test_a_scan_looks_ahead_and_wakes_when_the_first_candidate_is_due(
     assert (scan.found, scan.upcoming) == (0, 1)
     assert scan.wake_at == clock.now() + timedelta(seconds=5)
     assert (await memory_store.journal.get(iid)).fence == 1  # looked at, not touched
-    clock.advance(seconds=5)
+    clock.advance(seconds=5.05)  # the loop sleeps until just past wake_at
     assert (await worker.recover_once()).resumed == 1
 
 

@@ -9,9 +9,10 @@ nodes that scan at the same moment do not all fight over the same oldest rows.
 Two things keep resume latency near one TTL rather than a TTL plus a scan interval plus a
 queue (measured by ``benchmarks/chaos.py``):
 
-* **Looking ahead.** A sweep also reads instances that will have been idle for a TTL before
-  the next sweep (never earlier than two thirds of a TTL). It does not touch them; it wakes
-  again at the moment the earliest one becomes due, instead of up to a whole interval later.
+* **Looking ahead.** When every due instance fit in its page, a sweep also reads the next
+  one — the first that will have been idle for a TTL before the next sweep (never earlier
+  than two thirds of a TTL). It does not touch it; it wakes again the moment it falls due,
+  instead of up to a whole interval later.
   When a due candidate's lease is still live (its owner renewed after its last commit), the
   sweep reads when that lease runs out and wakes then too, if that is before the next sweep.
 * **No idle wait behind a full page.** A sweep that filled every free slot, or found no free
@@ -119,13 +120,19 @@ class RecoveryService:
         upcoming = 0
         if free > 0:
             limit = min(free, self._settings.recovery_scan_batch_size)
-            for c in await self._abandoned(now, limit):
-                eligible = c.updated_at + ttl
-                if eligible <= now:
-                    due.append(c)
-                else:
-                    upcoming += 1
-                    wake = eligible if wake is None else min(wake, eligible)
+            due = await self._abandoned(now, ttl, limit)
+            if len(due) < limit:
+                # Every due row is in this page, so the next row past them is the first that
+                # falls due: wake for it rather than a whole interval later.
+                ahead = await self._index.find_abandoned(
+                    now=now, idle_for=ttl - self.lookahead, limit=1, offset=len(due)
+                )
+                taken = {c.instance_id for c in due}
+                for c in ahead:
+                    eligible = c.updated_at + ttl
+                    if c.instance_id not in taken and eligible > now:
+                        upcoming += 1
+                        wake = eligible
             verdicts = await self._take(due, queued=False)
             for c, verdict in zip(due, verdicts, strict=True):
                 counts[verdict] += 1
@@ -158,7 +165,7 @@ class RecoveryService:
             queued=queued_taken,
             upcoming=upcoming,
             wake_at=wake,
-            full=free <= 0 or len(due) + upcoming >= free or queued_full,
+            full=free <= 0 or len(due) >= free or queued_full,
         )
 
     def _queued_room(self) -> int:
@@ -167,9 +174,9 @@ class RecoveryService:
             return batch
         return min(batch, self._free_flow_slots())
 
-    async def _abandoned(self, now: datetime, limit: int) -> list[RecoveryCandidate]:
-        ttl = self._settings.lease_ttl
-        idle = ttl - self.lookahead
+    async def _abandoned(
+        self, now: datetime, idle: timedelta, limit: int
+    ) -> list[RecoveryCandidate]:
         offset = self._rng.randrange(limit)
         page = list(
             await self._index.find_abandoned(now=now, idle_for=idle, limit=limit, offset=offset)
