@@ -83,6 +83,9 @@ class RigConfig:
     redis_url: str = REDIS_URL
     redis_leases: bool = False
     drain_timeout: float = 10.0
+    #: How long a restarted server stays down; ``None``: a second for PostgreSQL, and a whole
+    #: TTL for Redis (so every lease runs out and is taken again from a Redis that forgot).
+    outage: float | None = None
     settle_timeout: float = 300.0
 
 
@@ -425,7 +428,7 @@ class Rig:
             fault = Fault(kind="postgres_restart", at=time.time())
             self.faults.append(fault)
             await asyncio.to_thread(services.stop_postgres)
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(self.c.outage if self.c.outage is not None else 1.0)
             await asyncio.to_thread(services.start_postgres)
             fault.until = time.time()
             await asyncio.sleep(self._spacing())
@@ -435,7 +438,7 @@ class Rig:
             fault = Fault(kind="redis_restart", at=time.time())
             self.faults.append(fault)
             await asyncio.to_thread(services.stop_redis)
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(self.c.outage if self.c.outage is not None else self.c.ttl)
             await asyncio.to_thread(services.start_redis)
             fault.until = time.time()
             await asyncio.sleep(self._spacing())
@@ -535,6 +538,7 @@ class Rig:
             for w in self.gone
         )
         latencies = await self._resume_latencies()
+        below_fence = await self._tokens_below_fence() if c.redis_leases else None
         drained_ok = all(code == 0 for code in self.exit_codes.values())
         result: dict[str, Any] = {
             "arm": c.arm,
@@ -567,8 +571,26 @@ class Rig:
             "resume_p99_s": _pct(latencies, 99),
             "resume_max_s": round(max(latencies), 2) if latencies else None,
             "resume_slowest": self.slowest[:3],
+            "lease_tokens_below_journal_fence": below_fence,
         }
         return result
+
+    async def _tokens_below_fence(self) -> int:
+        """Instances whose Redis lease token is below the fence their journal row holds: a
+        lease store that forgot its counters and was not lifted above the journal again."""
+        from redis import asyncio as aioredis
+
+        fences = dict(await self.sql("SELECT instance_id::text, fence FROM flow_instance"))
+        client = aioredis.Redis.from_url(self.c.redis_url, decode_responses=True)
+        try:
+            below = 0
+            for iid, fence in fences.items():
+                token = await client.hget(f"{self.prefix}:lease:{iid}", "token")
+                if token is not None and int(token) < int(fence):
+                    below += 1
+            return below
+        finally:
+            await client.aclose()
 
     async def _resume_latencies(self) -> list[float]:
         """Per affected instance: from the fault to its next commit by another process."""
@@ -619,6 +641,10 @@ def invariants(result: dict[str, Any]) -> dict[str, bool]:
     }
     if result["arm"] not in ("postgres_restart", "redis_restart"):
         checks["ownership never goes back"] = result["ownership_returns"] == 0
+    if result["arm"] == "redis_restart":
+        checks["no lease token below a journal fence after Redis forgot"] = (
+            result["lease_tokens_below_journal_fence"] == 0
+        )
     if result["arm"] == "zombie":
         checks["the zombie's commits were refused"] = result["writes_refused"] >= result["faults"]
     if result["arm"] == "kill_after_commit":

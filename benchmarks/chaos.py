@@ -1,0 +1,139 @@
+"""The chaos rig at full size (issue 4): real worker processes on one PostgreSQL, real faults.
+
+    python -m benchmarks.chaos                 # full: 10,000 flows, >= 50 kills, TTL 30 s, 5 s
+    python -m benchmarks.chaos --quick         # every arm at CI size (what tests/chaos runs)
+    python -m benchmarks.chaos --arm zombie --flows 2000 --faults 5 --ttl 5
+
+Per arm: flows, faults injected, instances lost, duplicate effects (and whether each is one a
+fault cut off from its commit), writes refused, and resume latency from the fault to the
+instance's next commit on another process. Writes ``benchmarks/results/chaos.json`` and prints
+a table. The invariants are checked and reported here too; the test suite is what asserts them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from benchmarks.rig.controller import ARMS, Rig, RigConfig, invariants, now_iso
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def full_plan() -> list[RigConfig]:
+    """The full run: the kill arm at 10,000 flows with the default scan at TTL 30 s and 5 s,
+    and every other arm at 2,000 flows with a 5 s TTL."""
+    plan = [
+        RigConfig(arm="kill_after_effect", flows=10_000, faults=52, ttl=30, scan=10, rate=80),
+        RigConfig(arm="kill_after_effect", flows=10_000, faults=52, ttl=5, scan=10, rate=80),
+    ]
+    for arm in ARMS:
+        if arm == "kill_after_effect":
+            continue
+        cfg = RigConfig(arm=arm, flows=2_000, faults=5, ttl=5, scan=10, rate=80)
+        if arm == "redis_restart":
+            cfg.redis_leases = True
+            cfg.work_ms = (150, 300)
+        if arm == "sigterm_drain":
+            cfg.ttl = 30
+        plan.append(cfg)
+    return plan
+
+
+def quick_plan() -> list[RigConfig]:
+    from tests.chaos.test_chaos import CI_ARMS
+
+    return list(CI_ARMS.values())
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = (
+        "| arm | lease store | TTL | scan | flows | faults | lost | duplicate effects "
+        "| of which cut off by a fault | writes refused | resume p50 | resume p99 | max "
+        "| invariants |"
+    )
+    lines = [head, "|" + "---|" * 14]
+    for r in rows:
+        ok = all(r["invariants"].values())
+        failed = [k for k, v in r["invariants"].items() if not v]
+
+        def s(v: Any) -> str:
+            return "–" if v is None else f"{v:.2f} s" if isinstance(v, float) else str(v)
+
+        lines.append(
+            f"| {r['arm']} | {r['lease_store']} | {r['lease_ttl_s']:.0f} s "
+            f"| {r['scan_interval_s']:.0f} s | {r['flows']:,} | {r['faults']} | {r['lost']} "
+            f"| {r['duplicate_effects']} | {r['uncommitted_effects_explained']} "
+            f"| {r['writes_refused']} | {s(r['resume_p50_s'])} | {s(r['resume_p99_s'])} "
+            f"| {s(r['resume_max_s'])} | {'all hold' if ok else 'FAILED: ' + ', '.join(failed)} |"
+        )
+    return "\n".join(lines)
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="every arm at CI size")
+    parser.add_argument("--arm", choices=ARMS, default=None)
+    parser.add_argument("--flows", type=int, default=2_000)
+    parser.add_argument("--faults", type=int, default=5)
+    parser.add_argument("--ttl", type=float, default=5.0)
+    parser.add_argument("--scan", type=float, default=10.0)
+    parser.add_argument("--rate", type=float, default=80.0)
+    parser.add_argument("--workers", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=RESULTS / "chaos.json")
+    args = parser.parse_args()
+    if args.arm:
+        plan = [
+            RigConfig(
+                arm=args.arm, flows=args.flows, faults=args.faults, ttl=args.ttl,
+                scan=args.scan, rate=args.rate, workers=args.workers,
+                redis_leases=args.arm == "redis_restart",
+            )
+        ]  # fmt: skip
+    else:
+        plan = quick_plan() if args.quick else full_plan()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="flowx-chaos-") as tmp:
+        for i, cfg in enumerate(plan):
+            print(
+                f"[{now_iso()}] {cfg.arm}: {cfg.flows} flows, {cfg.faults} faults, TTL {cfg.ttl}s"
+            )
+            rig = Rig(cfg, Path(tmp) / f"{i}-{cfg.arm}")
+            try:
+                result = await rig.run()
+            finally:
+                rig.cleanup()
+            result["invariants"] = invariants(result)
+            rows.append(result)
+            print(table([result]).splitlines()[-1], flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(
+        json.dumps(
+            {
+                "benchmark": "chaos",
+                "generated_at": now_iso(),
+                "machine": {"python": platform.python_version(), "cpus": _cpus()},
+                "runs": rows,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    print()
+    print(table(rows))
+    print(f"\nwritten to {args.out}")
+
+
+def _cpus() -> int | None:
+    import os
+
+    return os.cpu_count()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
