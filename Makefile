@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test lint typecheck services bench clean
+.PHONY: help demo test lint typecheck services bench chaos clean
 
 help: ## list the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -38,6 +38,9 @@ test: $(STAMP) services lint typecheck ## everything CI runs: services, lint, ty
 
 bench: $(STAMP) ## benchmarks (JSON to benchmarks/results/, and a table)
 	$(BIN)/python -m benchmarks.journal_throughput
+
+chaos: $(STAMP) services ## the full chaos run (kills workers, restarts PostgreSQL and Redis!)
+	$(BIN)/python -m benchmarks.chaos
 
 clean: ## remove the virtualenv, caches and demo files
 	rm -rf $(VENV) .demo .mypy_cache .ruff_cache .pytest_cache

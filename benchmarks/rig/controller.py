@@ -356,7 +356,7 @@ class Rig:
     def _spacing(self) -> float:
         """Spread the faults over the feed, so each lands on a busy fleet."""
         feed_s = self.c.flows / self.c.rate
-        return max(0.2, feed_s / (self.c.faults + 1))
+        return max(0.2, min(5.0, feed_s / (self.c.faults * 2 + 1)))
 
     async def _kills(self, phase: str) -> None:
         for _ in range(self.c.faults):

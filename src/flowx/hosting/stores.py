@@ -31,6 +31,15 @@ def memory() -> MemoryStores:
     return MemoryStores()
 
 
+def _take_param(url: str, name: str) -> tuple[str, str | None]:
+    """Split FlowX's own query parameter off a server URL (the driver would refuse it)."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    named = [v for k, v in query if k == name]
+    rest = [(k, v) for k, v in query if k != name]
+    return urlunsplit(parts._replace(query=urlencode(rest))), (named[-1] if named else None)
+
+
 def postgres(dsn: str, *, schema: str | None = None, migrate: bool = True, **pool: Any) -> Stores:
     """The production store. ``schema`` (default ``flowx``, or ``?flowx_schema=`` in the URL)
     is the PostgreSQL schema FlowX keeps its tables in. Needs ``flowx[postgres]``."""
@@ -41,14 +50,8 @@ def postgres(dsn: str, *, schema: str | None = None, migrate: bool = True, **poo
             f"the PostgreSQL store needs psycopg: pip install 'flowx[postgres]' ({exc})",
             code="store.not_available",
         ) from exc
-    parts = urlsplit(dsn)
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    named = [v for k, v in query if k == "flowx_schema"]
-    rest = [(k, v) for k, v in query if k != "flowx_schema"]
-    clean = urlunsplit(parts._replace(query=urlencode(rest)))
-    return PostgresStores(
-        clean, schema=schema or (named[-1] if named else "flowx"), migrate=migrate, **pool
-    )
+    clean, named = _take_param(dsn, "flowx_schema")
+    return PostgresStores(clean, schema=schema or named or "flowx", migrate=migrate, **pool)
 
 
 def redis_leases(url: str = "redis://127.0.0.1:6379/0", **kw: Any) -> Any:
@@ -62,13 +65,9 @@ def redis_leases(url: str = "redis://127.0.0.1:6379/0", **kw: Any) -> Any:
             f"the Redis lease store needs redis-py: pip install 'flowx[redis]' ({exc})",
             code="store.not_available",
         ) from exc
-    parts = urlsplit(url)
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    named = [v for k, v in query if k == "flowx_prefix"]
-    rest = [(k, v) for k, v in query if k != "flowx_prefix"]
-    clean = urlunsplit(parts._replace(query=urlencode(rest)))
+    clean, named = _take_param(url, "flowx_prefix")
     if named:
-        kw.setdefault("prefix", named[-1])
+        kw.setdefault("prefix", named)
     return RedisLeaseStore(clean, **kw)
 
 
