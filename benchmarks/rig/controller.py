@@ -106,6 +106,7 @@ class Rig:
         self.exit_codes: dict[int, int | None] = {}
         self._seq = 0
         self.slowest: list[tuple[float, str, str]] = []
+        self.interrupted: list[float] = []
         self._rng = random.Random()
 
     # -- plumbing -------------------------------------------------------------------------
@@ -329,7 +330,9 @@ class Rig:
             await asyncio.sleep(0.05)
         return self._pick()
 
-    async def _kill(self, worker: Worker, kind: str, parked: dict[str, Any] | None) -> Fault:
+    async def _kill(
+        self, worker: Worker, kind: str, parked: dict[str, Any] | None, *, replace: bool = True
+    ) -> Fault:
         affected = await self.held_by(worker.node)
         fault = Fault(kind=kind, at=time.time(), pid=worker.pid, node=worker.node,
                       affected=affected, parked=parked)  # fmt: skip
@@ -337,7 +340,8 @@ class Rig:
         await asyncio.to_thread(worker.proc.wait)
         self.faults.append(fault)
         self._retire(worker)
-        await asyncio.to_thread(self.spawn)
+        if replace:
+            await asyncio.to_thread(self.spawn)
         return fault
 
     async def inject(self) -> None:
@@ -356,23 +360,31 @@ class Rig:
     def _spacing(self) -> float:
         """Spread the faults over the feed, so each lands on a busy fleet."""
         feed_s = self.c.flows / self.c.rate
-        return max(0.2, min(5.0, feed_s / (self.c.faults * 2 + 1)))
+        # A fault costs about 2.5 s of its own (parking, a replacement worker starting).
+        return max(0.2, feed_s / max(1, self.c.faults) - 2.5)
+
+    async def _armed(self, phase: str, *, hold: float = 3600) -> tuple[Worker, dict[str, Any]]:
+        """Arm a busy worker and wait for it to park; another if it ran out of work first."""
+        for _ in range(5):
+            worker = await self._pick_busy()
+            await self.arm(worker, phase, hold=hold)
+            with contextlib.suppress(TimeoutError):
+                return worker, await self.parked(worker.pid, timeout=10)
+            (self.dir / f"arm-{worker.pid}.json").write_text("{}")  # disarm it
+            os.kill(worker.pid, signal.SIGUSR1)
+        raise TimeoutError("no worker parked an armed step: is the feed still running?")
 
     async def _kills(self, phase: str) -> None:
         for _ in range(self.c.faults):
-            worker = await self._pick_busy()
-            await self.arm(worker, phase)
-            note = await self.parked(worker.pid, timeout=30)
+            worker, note = await self._armed(phase)
             await self._kill(worker, f"kill_{phase}", note)
             await asyncio.sleep(self._spacing())
 
     async def _zombie(self) -> None:
         for _ in range(self.c.faults):
-            worker = await self._pick_busy()
             # Parked after its effect for one second of *its* time: it will try to commit the
             # moment it is let go, long after its lease ran out and a peer took over.
-            await self.arm(worker, "after_effect", hold=1.0)
-            note = await self.parked(worker.pid, timeout=30)
+            worker, note = await self._armed("after_effect", hold=1.0)
             affected = await self.held_by(worker.node)
             fault = Fault(kind="sigstop", at=time.time(), pid=worker.pid, node=worker.node,
                           affected=affected, parked=note)  # fmt: skip
@@ -398,14 +410,13 @@ class Rig:
 
     async def _takeover(self) -> None:
         for _ in range(self.c.faults):
-            first = await self._pick_busy()
-            await self.arm(first, "after_effect")
-            note = await self.parked(first.pid, timeout=30)
+            first, note = await self._armed("after_effect")
             iid = note["instance_id"]
             others = [w for w in self.workers if w is not first]
             for w in others:  # whoever takes the instance over parks on it again
                 await self.arm(w, "after_effect", instance=iid)
-            await self._kill(first, "kill", note)
+            # No replacement yet: an unarmed newcomer could take the instance over unseen.
+            await self._kill(first, "kill", note, replace=False)
             deadline = time.monotonic() + self.c.ttl * 4 + self.c.scan * 4 + 30
             second = None
             while second is None and time.monotonic() < deadline:
@@ -421,6 +432,7 @@ class Rig:
                     (self.dir / f"arm-{w.pid}.json").write_text("{}")
                     os.kill(w.pid, signal.SIGUSR1)
             await self._kill(second[0], "kill_during_takeover", second[1])
+            await asyncio.to_thread(self.spawn)  # the first one's replacement
             await asyncio.sleep(self._spacing())
 
     async def _postgres(self) -> None:
@@ -498,7 +510,9 @@ class Rig:
             "SELECT count(*) FROM (SELECT 1 FROM b GROUP BY instance_id, pid "
             "HAVING sum(starts) > 1) x"
         ))[0][0]  # fmt: skip
-        # The zombie's rows on the instances it held, committed after it was stopped.
+        # Work the zombie did before it was stopped, committed after: a write past its lease.
+        # (Once let go it may legitimately take an instance again, under a new lease: those
+        # effects come after the SIGCONT and are not counted.)
         zombie_writes = 0
         for f in self.faults:
             if f.kind == "sigstop" and f.affected:
@@ -506,8 +520,8 @@ class Rig:
                     "SELECT count(*) FROM flow_step s JOIN ledger l "
                     "ON l.effect_id::text = (s.result::json #>> '{}') "
                     "WHERE l.pid = %s AND s.instance_id = ANY(%s::uuid[]) "
-                    "AND s.committed_at > to_timestamp(%s)",
-                    f.pid, f.affected, f.at,
+                    "AND s.committed_at > to_timestamp(%s) AND l.at < to_timestamp(%s)",
+                    f.pid, f.affected, f.at, f.until,
                 ))[0][0]  # fmt: skip
         faulted = {f.pid for f in self.faults if f.pid is not None and f.kind != "sigterm"}
         windows = [(f.at - 1.0, (f.until or f.at) + 2 * c.ttl + 2.0) for f in self.faults
@@ -571,6 +585,8 @@ class Rig:
             "resume_p99_s": _pct(latencies, 99),
             "resume_max_s": round(max(latencies), 2) if latencies else None,
             "resume_slowest": self.slowest[:3],
+            "resumes_interrupted_by_a_later_fault": len(self.interrupted),
+            "resume_p99_with_interrupted_s": _pct(latencies + self.interrupted, 99),
             "lease_tokens_below_journal_fence": below_fence,
         }
         return result
@@ -608,6 +624,13 @@ class Rig:
                 f.at,
             )
             for iid, t in rows:
+                # Taken over, then killed again before its new owner committed: that wait
+                # belongs to the later fault, which measures it from its own moment.
+                if any(
+                    f.at < g.at < t and str(iid) in g.affected for g in self.faults if g is not f
+                ):
+                    self.interrupted.append(max(0.0, t - f.at))
+                    continue
                 out.append(max(0.0, t - f.at))
                 self.slowest.append((round(t - f.at, 2), str(iid), f.kind))
         self.slowest.sort(reverse=True)

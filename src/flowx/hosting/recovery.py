@@ -10,9 +10,9 @@ Two things keep resume latency near one TTL rather than a TTL plus a scan interv
 queue (measured by ``benchmarks/chaos.py``):
 
 * **Looking ahead.** When every due instance fit in its page, a sweep also reads the next
-  one — the first that will have been idle for a TTL before the next sweep (never earlier
-  than two thirds of a TTL). It does not touch it; it wakes again the moment it falls due,
-  instead of up to a whole interval later.
+  one — the first that will have been idle for a TTL before the next sweep. It does not
+  touch it; it wakes again the moment it falls due, instead of up to a whole interval later.
+  (A wake for a row whose owner is alive finds nothing due and costs two indexed reads.)
   When a due candidate's lease is still live (its owner renewed after its last commit), the
   sweep reads when that lease runs out and wakes then too, if that is before the next sweep.
 * **No idle wait behind a full page.** A sweep that filled every free slot, or found no free
@@ -47,8 +47,10 @@ ResumeVerdict = Literal["resumed", "lost_race", "not_runnable", "gone"]
 Resume = Callable[[RecoveryCandidate, bool], Awaitable[ResumeVerdict]]
 #: When the lease on an instance runs out, if anyone holds it.
 LeaseExpiry = Callable[[str], Awaitable[datetime | None]]
-#: A wake-up this close to the next scheduled sweep is left to that sweep.
+#: The shortest pause between sweeps: a wake-up for an instance due sooner waits this long.
 _MIN_EARLY = 0.05
+#: A sweep woken for an upcoming instance comes at least this long after the last one.
+_MIN_WAKE = 0.25
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -104,11 +106,10 @@ class RecoveryService:
 
     @property
     def lookahead(self) -> timedelta:
-        """How far past the TTL cutoff a sweep reads: up to the next sweep, at most a third
-        of a TTL (so a long step of a live owner is not probed every sweep)."""
+        """How far past the TTL cutoff a sweep reads: up to the latest the next sweep can
+        come. It reads one row there, and touches nothing."""
         s = self._settings
-        horizon = s.recovery_scan_interval * (1 + s.recovery_scan_jitter)
-        return min(horizon, s.lease_ttl / 3)
+        return s.recovery_scan_interval * (1 + s.recovery_scan_jitter)
 
     async def run_once(self) -> RecoveryScanResult:
         now = self._clock.now()
@@ -208,7 +209,7 @@ class RecoveryService:
         delay = self.next_delay()
         if result is not None and result.wake_at is not None:
             early = (result.wake_at - self._clock.now()).total_seconds() + _MIN_EARLY
-            delay = max(_MIN_EARLY, min(delay, early))
+            delay = max(_MIN_WAKE, min(delay, early))
         return delay
 
     async def run_forever(self, stop: asyncio.Event) -> None:
