@@ -43,6 +43,8 @@ def full_plan() -> list[RigConfig]:
             cfg.work_ms = (150, 300)
         if arm == "sigterm_drain":
             cfg.ttl = 30
+        if arm in ("zombie", "kill_during_takeover"):
+            cfg.rate = 12  # each of these faults lasts a few TTLs: keep work in flight
         plan.append(cfg)
     return plan
 
@@ -88,6 +90,10 @@ async def main() -> None:
     parser.add_argument("--rate", type=float, default=80.0)
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--out", type=Path, default=RESULTS / "chaos.json")
+    parser.add_argument(
+        "--only", default=None, help="comma-separated arms: run just these of the full plan"
+    )
+    parser.add_argument("--append", action="store_true", help="add to the runs already in --out")
     args = parser.parse_args()
     if args.arm:
         plan = [
@@ -99,7 +105,12 @@ async def main() -> None:
         ]  # fmt: skip
     else:
         plan = quick_plan() if args.quick else full_plan()
-    rows = []
+    if args.only:
+        wanted = set(args.only.split(","))
+        plan = [cfg for cfg in plan if cfg.arm in wanted]
+    rows: list[dict[str, Any]] = []
+    if args.append and args.out.exists():
+        rows = list(json.loads(args.out.read_text())["runs"])
     with tempfile.TemporaryDirectory(prefix="flowx-chaos-") as tmp:
         for i, cfg in enumerate(plan):
             print(

@@ -360,8 +360,14 @@ class Rig:
     def _spacing(self) -> float:
         """Spread the faults over the feed, so each lands on a busy fleet."""
         feed_s = self.c.flows / self.c.rate
-        # A fault costs about 2.5 s of its own (parking, a replacement worker starting).
-        return max(0.2, feed_s / max(1, self.c.faults) - 2.5)
+        # What a fault costs of its own: parking and a replacement starting (2.5 s), or a
+        # stop past the TTL and a takeover, or an outage.
+        cost = 2.5
+        if self.c.arm in ("zombie", "kill_during_takeover"):
+            cost = self.c.ttl * 2.5 + 2.5
+        elif self.c.arm in ("postgres_restart", "redis_restart"):
+            cost = (self.c.outage or self.c.ttl) + 3.0
+        return max(0.2, feed_s / max(1, self.c.faults) - cost)
 
     async def _armed(self, phase: str, *, hold: float = 3600) -> tuple[Worker, dict[str, Any]]:
         """Arm a busy worker and wait for it to park; another if it ran out of work first."""

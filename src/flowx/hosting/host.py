@@ -365,13 +365,21 @@ class FlowHost:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._connector
             self._connector = None
-        if self._recovery_task is not None:
-            self._recovery_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._recovery_task
         budget = (
             self.settings.shutdown_drain_timeout.total_seconds() if timeout is None else timeout
         )
+        if self._recovery_task is not None:
+            # Let a sweep in progress finish rather than cancel it: a takeover cancelled
+            # between its lease and its first step would hold an instance for a whole TTL.
+            # Whatever it takes over now yields at its first step (not accepting).
+            try:
+                await asyncio.wait_for(asyncio.shield(self._recovery_task), timeout=budget)
+            except TimeoutError:
+                self._recovery_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._recovery_task
+            except Exception:
+                log.exception("drain: the recovery scan ended with an error")
         tasks = list(self._tasks.values())
         if tasks:
             _done, pending = await asyncio.wait(tasks, timeout=budget)
