@@ -118,27 +118,30 @@ class RecoveryService:
         counts = {"resumed": 0, "lost_race": 0, "not_runnable": 0, "gone": 0}
         wake: datetime | None = None
         due: list[RecoveryCandidate] = []
+        taken: set[str] = set()
         upcoming = 0
         if free > 0:
             limit = min(free, self._settings.recovery_scan_batch_size)
             due = await self._abandoned(now, ttl, limit)
+            taken = {c.instance_id for c in due}
             if len(due) < limit:
                 # Every due row is in this page, so the next row past them is the first that
                 # falls due: wake for it rather than a whole interval later.
                 ahead = await self._index.find_abandoned(
                     now=now, idle_for=ttl - self.lookahead, limit=1, offset=len(due)
                 )
-                taken = {c.instance_id for c in due}
                 for c in ahead:
                     eligible = c.updated_at + ttl
                     if c.instance_id not in taken and eligible > now:
                         upcoming += 1
                         wake = eligible
             verdicts = await self._take(due, queued=False)
-            for c, verdict in zip(due, verdicts, strict=True):
+            for verdict in verdicts:
                 counts[verdict] += 1
-                if verdict == "lost_race" and self._lease_expiry is not None:
-                    expires = await self._lease_expiry(c.instance_id)
+            held = [c for c, v in zip(due, verdicts, strict=True) if v == "lost_race"]
+            if held and self._lease_expiry is not None:
+                expiries = await asyncio.gather(*(self._lease_expiry(c.instance_id) for c in held))
+                for expires in expiries:
                     if expires is not None and expires > now:
                         wake = expires if wake is None else min(wake, expires)
         queued_taken = 0
@@ -147,9 +150,7 @@ class RecoveryService:
         queued_full = room <= 0
         if room > 0:
             page = [
-                c
-                for c in await self._index.find_queued(limit=room)
-                if all(c.instance_id != d.instance_id for d in due)
+                c for c in await self._index.find_queued(limit=room) if c.instance_id not in taken
             ]
             verdicts = await self._take(page, queued=True)
             for verdict in verdicts:

@@ -107,9 +107,16 @@ class RedisLeaseStore:
         self._renew: Any = None
         self._release: Any = None
 
+    @property
+    def _where(self) -> str:
+        """The server, without credentials, for messages."""
+        return self._url.split("@")[-1]
+
+    def _keep_ms_for(self, ttl: timedelta) -> int:
+        return self._keep_ms + int(ttl.total_seconds() * 1000)
+
     def describe(self) -> str:
-        where = self._url.split("@")[-1]
-        return f"redis leases at {where} (prefix {self._prefix!r})"
+        return f"redis leases at {self._where} (prefix {self._prefix!r})"
 
     def _key(self, instance_id: str) -> str:
         return f"{self._prefix}:lease:{instance_id}"
@@ -150,7 +157,7 @@ class RedisLeaseStore:
                     continue
                 failure = exc
         error = LeaseUnavailable(
-            f"Redis at {self._url.split('@')[-1]} is unavailable "
+            f"Redis at {self._where} is unavailable "
             f"({type(failure).__name__}: {failure}); retry when it is back"
         )
         raise error from failure
@@ -159,7 +166,7 @@ class RedisLeaseStore:
         self, instance_id: str, *, owner: str, ttl: timedelta, now: datetime, floor: int = 0
     ) -> Lease | None:
         expires = now + ttl
-        keep = self._keep_ms + int(ttl.total_seconds() * 1000)
+        keep = self._keep_ms_for(ttl)
         token = await self._call(
             self._acquire,
             keys=[self._key(instance_id)],
@@ -171,7 +178,7 @@ class RedisLeaseStore:
 
     async def renew(self, lease: Lease, *, ttl: timedelta, now: datetime) -> Lease:
         expires = now + ttl
-        keep = self._keep_ms + int(ttl.total_seconds() * 1000)
+        keep = self._keep_ms_for(ttl)
         ok = await self._call(
             self._renew,
             keys=[self._key(lease.instance_id)],
