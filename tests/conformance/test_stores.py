@@ -17,6 +17,7 @@ from flowx.stores.sqlite import SqliteStores
 from flowx.testing.conformance import (
     JournalConformance,
     LeaseStoreConformance,
+    OutboxConformance,
     RecoveryIndexConformance,
 )
 from tests.postgres_support import PG_DSN
@@ -75,4 +76,8 @@ class TestLeaseStore(LeaseStoreConformance):
 
 
 class TestRecoveryIndex(RecoveryIndexConformance):
+    pass
+
+
+class TestOutbox(OutboxConformance):
     pass

@@ -15,6 +15,7 @@ from flowx.stores.protocols import (
     FlowJournal,
     InstanceCatalog,
     LeaseStore,
+    OutboxStore,
     RecoveryIndex,
     Stores,
 )
@@ -52,6 +53,10 @@ class PairedStores:
     @property
     def catalog(self) -> InstanceCatalog:
         return self._base.catalog
+
+    @property
+    def outbox(self) -> OutboxStore:
+        return self._base.outbox
 
     async def open(self) -> None:
         await self._base.open()

@@ -10,6 +10,7 @@ Every time-dependent method takes ``now``: time is a parameter, so tests can mov
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Protocol, runtime_checkable
@@ -172,6 +173,54 @@ class LeasedCreate(Protocol):
         ...
 
 
+class OutboxClaim(Protocol):
+    """**Protocol:** a batch of pending events held by one publisher until the claim ends.
+
+    ``events`` are in ``staged_seq`` order, and for each partition key they are its oldest
+    pending events: none of them has an older pending sibling outside this claim (R5.3).
+    What the publisher reports is written when the claim ends, in the claim's own
+    transaction where the backend has one (R5.2); a claim left by an exception writes nothing
+    and its events stay pending.
+    """
+
+    @property
+    def events(self) -> Sequence[EventRecord]: ...
+
+    def published(self, count: int) -> None:
+        """The broker acknowledged ``events[:count]``: mark them published."""
+        ...
+
+    def refused(self, event_id: str, *, reason: str, dead: bool) -> None:
+        """The broker refused this event: count the attempt and keep the reason; with
+        ``dead`` move it aside as a dead letter, so it no longer holds its key (R5.5)."""
+        ...
+
+
+class OutboxStore(Protocol):
+    """**Protocol:** the publisher's side of the transactional outbox (SPEC §5)."""
+
+    def claim(
+        self, *, limit: int, now: datetime, owner: str
+    ) -> AbstractAsyncContextManager[OutboxClaim]:
+        """Claim up to ``limit`` pending events (fewer when keys are held by older siblings
+        another publisher has claimed). ``owner`` names the publisher in the store."""
+        ...
+
+    async def pending_count(self) -> int:
+        """How many events wait to be published (dead letters excluded)."""
+        ...
+
+    async def dead_letters(self, *, limit: int = 100) -> Sequence[EventRecord]:
+        """Dead letters, oldest first."""
+        ...
+
+    async def retry_dead_letter(self, event_id: str) -> bool:
+        """Put a dead letter back in the queue with its attempts reset; ``False`` if there is
+        no dead letter with this id. It keeps its ``staged_seq``: newer events of its key may
+        already have gone out, so a resent dead letter arrives after them."""
+        ...
+
+
 @runtime_checkable
 class Stores(Protocol):
     """**Protocol:** what a backend hands the host: its roles, plus lifecycle."""
@@ -187,6 +236,9 @@ class Stores(Protocol):
 
     @property
     def catalog(self) -> InstanceCatalog: ...
+
+    @property
+    def outbox(self) -> OutboxStore: ...
 
     async def open(self) -> None:
         """Connect and bring the schema up to date (or refuse one the code does not know)."""

@@ -221,3 +221,10 @@ class EventRecord:
     partition_key: str | None
     payload: str
     published_at: datetime | None
+    staged_at: datetime | None = None
+    #: Refusals counted under the publisher's retry policy (R5.5).
+    attempts: int = 0
+    last_error: str | None = None
+    #: Set when the event was moved aside as a dead letter, with the broker's reason.
+    dead_at: datetime | None = None
+    dead_reason: str | None = None

@@ -6,11 +6,13 @@ conformance suite as every real store, so it cannot drift into a different meani
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from datetime import datetime, timedelta
 
 from flowx.stores.errors import DuplicateStep, FencedOut, LeaseLost, UnknownInstance
+from flowx.stores.outbox_claims import ClaimOutcome
 from flowx.stores.protocols import InstanceQuery
 from flowx.stores.records import (
     ACTIVE_STATES,
@@ -138,6 +140,7 @@ class MemoryJournal:
                         partition_key=event.partition_key,
                         payload=event.payload,
                         published_at=None,
+                        staged_at=commit.now,
                     )
                 )
         if commit.state_bag is not None:
@@ -257,6 +260,72 @@ class MemoryCatalog:
         return rows[: query.limit]
 
 
+class MemoryOutbox:
+    """The outbox over the in-memory event list. A claim holds its events in a set until it
+    ends; the sibling hold reads the same list, so the rules are the PostgreSQL ones."""
+
+    def __init__(self, data: _Data) -> None:
+        self._d = data
+        self._claimed: set[str] = set()
+
+    @contextlib.asynccontextmanager
+    async def claim(self, *, limit: int, now: datetime, owner: str) -> AsyncIterator[ClaimOutcome]:
+        taken: list[EventRecord] = []
+        held: set[str] = set()
+        for e in self._d.events:
+            if e.published_at is not None or e.dead_at is not None:
+                continue
+            key = e.partition_key
+            if key is not None and key in held:
+                continue
+            if e.event_id in self._claimed or len(taken) >= limit:
+                if key is not None:
+                    held.add(key)
+                continue
+            taken.append(e)
+        ids = {e.event_id for e in taken}
+        self._claimed |= ids
+        outcome = ClaimOutcome(events=tuple(taken))
+        try:
+            yield outcome
+            self._apply(outcome, now)
+        finally:
+            self._claimed -= ids
+
+    def _apply(self, outcome: ClaimOutcome, now: datetime) -> None:
+        index = {e.event_id: i for i, e in enumerate(self._d.events)}
+        for event_id in outcome.published_ids:
+            i = index[event_id]
+            self._d.events[i] = dataclasses.replace(self._d.events[i], published_at=now)
+        for r in outcome.refusals:
+            i = index[r.event_id]
+            e = self._d.events[i]
+            self._d.events[i] = dataclasses.replace(
+                e,
+                attempts=e.attempts + 1,
+                last_error=r.reason,
+                dead_at=now if r.dead else e.dead_at,
+                dead_reason=r.reason if r.dead else e.dead_reason,
+            )
+
+    async def pending_count(self) -> int:
+        return sum(1 for e in self._d.events if e.published_at is None and e.dead_at is None)
+
+    async def dead_letters(self, *, limit: int = 100) -> Sequence[EventRecord]:
+        dead = [e for e in self._d.events if e.dead_at is not None and e.published_at is None]
+        dead.sort(key=lambda e: (e.dead_at or e.staged_at, e.staged_seq))
+        return tuple(dead[:limit])
+
+    async def retry_dead_letter(self, event_id: str) -> bool:
+        for i, e in enumerate(self._d.events):
+            if e.event_id == event_id and e.dead_at is not None and e.published_at is None:
+                self._d.events[i] = dataclasses.replace(
+                    e, dead_at=None, dead_reason=None, attempts=0
+                )
+                return True
+        return False
+
+
 class MemoryStores:
     """All four roles over one shared in-memory data set."""
 
@@ -266,6 +335,7 @@ class MemoryStores:
         self.leases = MemoryLeaseStore(self._data)
         self.recovery = MemoryRecoveryIndex(self._data)
         self.catalog = MemoryCatalog(self._data)
+        self.outbox = MemoryOutbox(self._data)
 
     async def open(self) -> None:
         return None

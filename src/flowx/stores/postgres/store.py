@@ -15,6 +15,7 @@ from psycopg.rows import dict_row
 from flowx.stores.errors import FencedOut, LeaseLost, UnknownInstance
 from flowx.stores.postgres.commit import GroupCommitter
 from flowx.stores.postgres.database import PostgresDatabase, redact
+from flowx.stores.postgres.outbox import PostgresOutbox
 from flowx.stores.protocols import InstanceQuery
 from flowx.stores.records import (
     CreateResult,
@@ -413,6 +414,7 @@ class PostgresStores:
         self.leases = PostgresLeaseStore(self.db)
         self.recovery = PostgresRecoveryIndex(self.db)
         self.catalog = PostgresCatalog(self.db)
+        self.outbox = PostgresOutbox(self.db)
 
     async def create_leased(
         self, instance: NewInstance, *, owner: str, ttl: timedelta, now: datetime

@@ -15,6 +15,12 @@ A protocol change extends these suites in the same commit.
 
 from flowx.testing.conformance.journal import JournalConformance
 from flowx.testing.conformance.leases import LeaseStoreConformance
+from flowx.testing.conformance.outbox import OutboxConformance
 from flowx.testing.conformance.recovery import RecoveryIndexConformance
 
-__all__ = ["JournalConformance", "LeaseStoreConformance", "RecoveryIndexConformance"]
+__all__ = [
+    "JournalConformance",
+    "LeaseStoreConformance",
+    "OutboxConformance",
+    "RecoveryIndexConformance",
+]

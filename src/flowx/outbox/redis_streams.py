@@ -1,0 +1,79 @@
+"""Redis Streams: one stream per partition key (R5.4).
+
+The batch goes out as one pipeline (one round trip). Redis runs one connection's commands in
+order, so what a dropped connection leaves behind is a prefix; a command that fails on its
+own (``WRONGTYPE``: the key is not a stream) is a permanent refusal of that event, and what
+follows it in the batch is reported unacknowledged and goes out again (a duplicate where it
+was accepted; consumers deduplicate by ``event_id``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from flowx.outbox.publisher import PublishFailure, PublishResult, headers
+from flowx.stores.records import EventRecord
+
+#: Errors a later attempt can clear: memory pressure, a replica or loading server.
+_TRANSIENT = ("OOM", "LOADING", "BUSY", "TRYAGAIN", "READONLY", "MASTERDOWN", "CLUSTERDOWN")
+
+
+class RedisStreamsPublisher:
+    """Publish to ``{prefix}{partition_key}``; events with no key go to ``{prefix}_``."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str = "flowx:events:",
+        maxlen: int | None = None,
+        timeout: float = 5.0,
+    ) -> None:
+        from redis import asyncio as aioredis
+
+        self._client: Any = aioredis.Redis.from_url(
+            url, socket_timeout=timeout, socket_connect_timeout=timeout
+        )
+        self.prefix = prefix
+        self._maxlen = maxlen
+        self._timeout = timeout
+
+    @property
+    def name(self) -> str:
+        return "redis-streams"
+
+    def stream(self, partition_key: str | None) -> str:
+        return f"{self.prefix}{'_' if partition_key is None else partition_key}"
+
+    async def open(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+    async def publish(self, events: Sequence[EventRecord]) -> PublishResult:
+        from redis import exceptions
+
+        if not events:
+            return PublishResult(0)
+        pipe = self._client.pipeline(transaction=False)
+        for e in events:
+            fields = headers(e)
+            fields["payload"] = e.payload
+            pipe.xadd(self.stream(e.partition_key), fields, maxlen=self._maxlen, approximate=True)
+        try:
+            async with asyncio.timeout(self._timeout):
+                replies = await pipe.execute(raise_on_error=False)
+        except (exceptions.ConnectionError, exceptions.TimeoutError, TimeoutError, OSError) as exc:
+            return PublishResult(0, PublishFailure(f"Redis unavailable: {exc!r}", False))
+        for i, reply in enumerate(replies):
+            if isinstance(reply, Exception):
+                text = str(reply)
+                permanent = not (
+                    isinstance(reply, exceptions.ConnectionError | exceptions.TimeoutError)
+                    or text.startswith(_TRANSIENT)
+                )
+                return PublishResult(i, PublishFailure(f"Redis refused: {text}", permanent))
+        return PublishResult(len(events))

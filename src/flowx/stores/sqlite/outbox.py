@@ -1,0 +1,168 @@
+"""The outbox on SQLite, in SQLite's own terms (R5.2, R5.3, R5.5).
+
+There are no row locks, and holding the file's write lock while a broker answers would stop
+every step commit in every process. So a claim is a short write that stamps the rows it takes
+(``claimed_by``, ``claim_until``); the broker is called outside any transaction; a second short
+write marks what it acknowledged and lifts the stamp. A publisher that dies mid-batch leaves a
+stamp that runs out at ``claim_until``, and its events go out again (at-least-once).
+
+The sibling hold is PostgreSQL's: a candidate is dropped when its key has an older pending
+event outside this claim, stamped by another publisher or not. SQLite runs one writer at a
+time, so ``staged_seq`` is also commit order: there is no concurrent-staging caveat here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sqlite3
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from datetime import datetime, timedelta
+from typing import Any, Final
+
+from flowx.stores.outbox_claims import ClaimOutcome
+from flowx.stores.records import EventRecord
+from flowx.stores.sqlite.database import SqliteDatabase, from_text, to_text
+
+log = logging.getLogger("flowx.sqlite")
+
+_COLUMNS: Final = (
+    "o.event_id, o.instance_id, o.sequence, o.ordinal, o.staged_seq, o.type, "
+    "o.schema_version, o.partition_key, o.payload, o.published_at, o.staged_at, "
+    "coalesce(o.attempts, 0), o.last_error, o.dead_at, o.dead_reason"
+)
+
+_CANDIDATES: Final = (
+    """
+WITH c AS (
+    SELECT staged_seq, partition_key FROM outbox_event
+     WHERE published_at IS NULL AND dead_at IS NULL
+       AND (claim_until IS NULL OR claim_until < :now)
+     ORDER BY staged_seq
+     LIMIT :limit
+)
+SELECT """
+    + _COLUMNS
+    + """
+  FROM c JOIN outbox_event o ON o.staged_seq = c.staged_seq
+ WHERE c.partition_key IS NULL
+    OR NOT EXISTS (
+        SELECT 1 FROM outbox_event p
+         WHERE p.partition_key = c.partition_key
+           AND p.published_at IS NULL AND p.dead_at IS NULL
+           AND p.staged_seq < c.staged_seq
+           AND p.staged_seq NOT IN (SELECT staged_seq FROM c))
+ ORDER BY o.staged_seq
+"""
+)
+
+
+def _record(row: tuple[Any, ...]) -> EventRecord:
+    return EventRecord(
+        event_id=row[0],
+        instance_id=row[1],
+        sequence=row[2],
+        ordinal=row[3],
+        staged_seq=row[4],
+        type=row[5],
+        schema_version=row[6],
+        partition_key=row[7],
+        payload=row[8],
+        published_at=from_text(row[9]) if row[9] else None,
+        staged_at=from_text(row[10]) if row[10] else None,
+        attempts=row[11],
+        last_error=row[12],
+        dead_at=from_text(row[13]) if row[13] else None,
+        dead_reason=row[14],
+    )
+
+
+class SqliteOutbox:
+    """**OutboxStore** on SQLite. ``claim_ttl`` must exceed a publisher's broker timeout."""
+
+    def __init__(self, db: SqliteDatabase, *, claim_ttl: timedelta = timedelta(seconds=60)):
+        self._db = db
+        self._claim_ttl = claim_ttl
+
+    @contextlib.asynccontextmanager
+    async def claim(self, *, limit: int, now: datetime, owner: str) -> AsyncIterator[ClaimOutcome]:
+        stamp = f"{owner}/{uuid.uuid4().hex}"
+        until = to_text(now + self._claim_ttl)
+
+        def take(conn: sqlite3.Connection) -> tuple[EventRecord, ...]:
+            rows = conn.execute(_CANDIDATES, {"now": to_text(now), "limit": limit}).fetchall()
+            events = tuple(_record(r) for r in rows)
+            conn.executemany(
+                "UPDATE outbox_event SET claimed_by = ?, claim_until = ? WHERE staged_seq = ?",
+                [(stamp, until, e.staged_seq) for e in events],
+            )
+            return events
+
+        events = await self._db.write(take)
+        outcome = ClaimOutcome(events=events)
+        if not events:
+            yield outcome
+            return
+        try:
+            yield outcome
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await self._db.write(lambda conn: self._release(conn, stamp))
+            raise
+
+        def finish(conn: sqlite3.Connection) -> None:
+            marked = to_text(now)
+            conn.executemany(
+                "UPDATE outbox_event SET published_at = ? WHERE event_id = ? AND claimed_by = ?",
+                [(marked, event_id, stamp) for event_id in outcome.published_ids],
+            )
+            for r in outcome.refusals:
+                conn.execute(
+                    "UPDATE outbox_event SET attempts = coalesce(attempts, 0) + 1, "
+                    "last_error = ?, dead_at = CASE WHEN ? THEN ? ELSE dead_at END, "
+                    "dead_reason = CASE WHEN ? THEN ? ELSE dead_reason END "
+                    "WHERE event_id = ? AND claimed_by = ?",
+                    (r.reason, r.dead, marked, r.dead, r.reason, r.event_id, stamp),
+                )
+            self._release(conn, stamp)
+
+        await self._db.write(finish)
+
+    @staticmethod
+    def _release(conn: sqlite3.Connection, stamp: str) -> None:
+        conn.execute(
+            "UPDATE outbox_event SET claimed_by = NULL, claim_until = NULL WHERE claimed_by = ?",
+            (stamp,),
+        )
+
+    async def pending_count(self) -> int:
+        def q(conn: sqlite3.Connection) -> int:
+            row = conn.execute(
+                "SELECT count(*) FROM outbox_event WHERE published_at IS NULL AND dead_at IS NULL"
+            ).fetchone()
+            return int(row[0])
+
+        return await self._db.run(q)
+
+    async def dead_letters(self, *, limit: int = 100) -> Sequence[EventRecord]:
+        def q(conn: sqlite3.Connection) -> Sequence[EventRecord]:
+            rows = conn.execute(
+                f"SELECT {_COLUMNS} FROM outbox_event o WHERE o.dead_at IS NOT NULL "
+                "AND o.published_at IS NULL ORDER BY o.dead_at, o.staged_seq LIMIT ?",
+                (limit,),
+            )
+            return tuple(_record(r) for r in rows)
+
+        return await self._db.run(q)
+
+    async def retry_dead_letter(self, event_id: str) -> bool:
+        def tx(conn: sqlite3.Connection) -> bool:
+            cur = conn.execute(
+                "UPDATE outbox_event SET dead_at = NULL, dead_reason = NULL, attempts = 0 "
+                "WHERE event_id = ? AND dead_at IS NOT NULL AND published_at IS NULL",
+                (event_id,),
+            )
+            return cur.rowcount == 1
+
+        return await self._db.write(tx)

@@ -1,0 +1,131 @@
+"""The outbox store suite (R5.2, R5.3, R5.5): claim order, the sibling hold between two
+concurrent claims, the acknowledged prefix, refusals and dead letters."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flowx.stores.records import EventWrite, StepCommit
+from flowx.testing.conformance._support import at, event, instance, step
+
+
+async def stage(stores: Any, keys: list[str | None], *, per_commit: int = 1) -> list[EventWrite]:
+    """One instance that commits ``keys`` as events, ``per_commit`` to a step, in order."""
+    iid = (await stores.journal.create(instance(), token=1, now=at(0))).instance.instance_id
+    staged: list[EventWrite] = []
+    for n, first in enumerate(range(0, len(keys), per_commit), start=1):
+        events = tuple(
+            event(k, payload=f'{{"n":{first + i}}}')
+            for i, k in enumerate(keys[first : first + per_commit])
+        )
+        await stores.journal.commit(
+            StepCommit(instance_id=iid, token=1, now=at(n), step=step(n), events=events)
+        )
+        staged.extend(events)
+    return staged
+
+
+def ids(events: Any) -> list[str]:
+    return [e.event_id for e in events]
+
+
+class OutboxConformance:
+    async def test_a_claim_takes_pending_events_in_staging_order(self, stores: Any) -> None:
+        staged = await stage(stores, ["a", "b", None, "a", "c"], per_commit=2)
+        async with stores.outbox.claim(limit=10, now=at(100), owner="p1") as claim:
+            got = claim.events
+            assert ids(got) == ids(staged)
+            assert [e.payload for e in got] == [e.payload for e in staged]
+            assert [e.staged_seq for e in got] == sorted(e.staged_seq for e in got)
+            assert all(e.published_at is None and e.staged_at is not None for e in got)
+        # Nothing reported: nothing marked, all still pending.
+        assert await stores.outbox.pending_count() == 5
+
+    async def test_the_acknowledged_prefix_is_marked_and_the_rest_goes_again_in_order(
+        self, stores: Any
+    ) -> None:
+        staged = await stage(stores, ["a", "b", "a", "b", "a"])
+        async with stores.outbox.claim(limit=10, now=at(100), owner="p1") as claim:
+            claim.published(2)
+        assert await stores.outbox.pending_count() == 3
+        async with stores.outbox.claim(limit=10, now=at(101), owner="p1") as claim:
+            assert ids(claim.events) == ids(staged[2:])
+            claim.published(3)
+        async with stores.outbox.claim(limit=10, now=at(102), owner="p1") as claim:
+            assert claim.events == ()
+        assert await stores.outbox.pending_count() == 0
+
+    async def test_a_claim_that_raises_marks_nothing(self, stores: Any) -> None:
+        await stage(stores, ["a", "b"])
+        try:
+            async with stores.outbox.claim(limit=10, now=at(100), owner="p1") as claim:
+                claim.published(2)
+                raise RuntimeError("the broker call blew up")
+        except RuntimeError:
+            pass
+        assert await stores.outbox.pending_count() == 2
+
+    async def test_a_key_held_by_another_claim_is_not_taken_out_of_order(self, stores: Any) -> None:
+        """R5.3: the second publisher must not take ``a#2`` while the first holds ``a#1``."""
+        staged = await stage(stores, ["a", "b"])
+        more = await stage(stores, ["a", "c", None])
+        async with stores.outbox.claim(limit=1, now=at(100), owner="p1") as first:
+            assert ids(first.events) == [staged[0].event_id]  # a#1
+            async with stores.outbox.claim(limit=10, now=at(100), owner="p2") as second:
+                taken = ids(second.events)
+                assert more[0].event_id not in taken  # a#2 held behind a#1
+                assert taken == [staged[1].event_id, more[1].event_id, more[2].event_id]
+                second.published(len(taken))
+            first.published(1)
+        async with stores.outbox.claim(limit=10, now=at(101), owner="p2") as third:
+            assert ids(third.events) == [more[0].event_id]
+            third.published(1)
+        assert await stores.outbox.pending_count() == 0
+
+    async def test_an_unacknowledged_event_holds_its_key_but_not_others(self, stores: Any) -> None:
+        staged = await stage(stores, ["a", "a", "b"])
+        async with stores.outbox.claim(limit=1, now=at(100), owner="p1"):
+            pass  # a#1 claimed and released unpublished
+        async with stores.outbox.claim(limit=10, now=at(101), owner="p1") as claim:
+            assert ids(claim.events) == ids(staged)
+
+    async def test_a_refusal_counts_an_attempt_and_dead_letters_free_the_key(
+        self, stores: Any
+    ) -> None:
+        staged = await stage(stores, ["a", "a", "b"])
+        bad = staged[0].event_id
+        async with stores.outbox.claim(limit=10, now=at(100), owner="p1") as claim:
+            claim.refused(bad, reason="too large", dead=False)
+        async with stores.outbox.claim(limit=10, now=at(101), owner="p1") as claim:
+            assert claim.events[0].event_id == bad and claim.events[0].attempts == 1
+            assert claim.events[0].last_error == "too large"
+            claim.refused(bad, reason="too large, again", dead=True)
+        dead = await stores.outbox.dead_letters()
+        assert ids(dead) == [bad]
+        assert dead[0].attempts == 2 and dead[0].dead_reason == "too large, again"
+        assert dead[0].dead_at is not None
+        assert await stores.outbox.pending_count() == 2
+        # R5.5: a dead letter no longer holds its key.
+        async with stores.outbox.claim(limit=10, now=at(102), owner="p1") as claim:
+            assert ids(claim.events) == ids(staged[1:])
+            claim.published(2)
+        assert await stores.outbox.retry_dead_letter(bad) is True
+        assert await stores.outbox.retry_dead_letter(bad) is False
+        assert await stores.outbox.dead_letters() == ()
+        async with stores.outbox.claim(limit=10, now=at(103), owner="p1") as claim:
+            assert ids(claim.events) == [bad] and claim.events[0].attempts == 0
+            claim.published(1)
+        assert await stores.outbox.pending_count() == 0
+        assert (
+            await stores.outbox.retry_dead_letter("00000000-0000-0000-0000-000000000000") is False
+        )
+
+    async def test_published_out_of_range_is_refused(self, stores: Any) -> None:
+        await stage(stores, ["a"])
+        async with stores.outbox.claim(limit=10, now=at(100), owner="p1") as claim:
+            try:
+                claim.published(2)
+            except ValueError as exc:
+                assert "outside this claim" in str(exc)
+            else:
+                raise AssertionError("published(2) on a claim of 1 was accepted")
