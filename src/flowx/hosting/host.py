@@ -40,6 +40,7 @@ from flowx.errors import (
 from flowx.hosting.lease import DurableLease
 from flowx.hosting.recovery import RecoveryScanResult, RecoveryService, ResumeVerdict
 from flowx.hosting.settings import HostSettings
+from flowx.outbox import EventPublisher, OutboxPublisher
 from flowx.plan.model import EmitNode, ForEachNode, Node, Plan, StepNode, walk
 from flowx.stores.errors import (
     FencedOut,
@@ -153,6 +154,8 @@ class _DurableCommitter:
                 events=events,
             )
         )
+        if events and self._host.outbox is not None:
+            self._host.outbox.wake()
 
 
 class _EphemeralCommitter:
@@ -187,6 +190,8 @@ class FlowHost:
         clock: Clock | None = None,
         registry: CapabilityRegistry | None = None,
         recovery: bool = True,
+        publisher: EventPublisher | None = None,
+        outbox_batch_size: int = 500,
     ) -> None:
         self.store = store
         self.settings = settings if settings is not None else HostSettings.load()
@@ -210,6 +215,19 @@ class FlowHost:
         self._store_ready = False
         self._connected = asyncio.Event()
         self._threads: ThreadPoolExecutor | None = None
+        #: The outbox publisher loop, when the host was given a broker (SPEC §5).
+        self.outbox: OutboxPublisher | None = None
+        self._outbox_task: asyncio.Task[None] | None = None
+        self._outbox_stop = asyncio.Event()
+        if publisher is not None:
+            if store is None:
+                raise FlowXError(
+                    "a publisher needs a store whose outbox it drains; pass store=... too",
+                    code="host.publisher_without_store",
+                )
+            self.outbox = OutboxPublisher(
+                store.outbox, publisher, batch_size=outbox_batch_size, clock=self.clock
+            )
         self.recovery = (
             RecoveryService(
                 index=store.recovery,
@@ -315,6 +333,12 @@ class FlowHost:
             self._recovery_task = asyncio.get_running_loop().create_task(
                 self.recovery.run_forever(self._stop), name="flowx-recovery"
             )
+        if self.outbox is not None and self._outbox_task is None:
+            await self.outbox.publisher.open()
+            self._outbox_stop = asyncio.Event()
+            self._outbox_task = asyncio.get_running_loop().create_task(
+                self.outbox.run(self._outbox_stop), name="flowx-outbox"
+            )
 
     async def _reconnect(self) -> None:
         delay = 0.5
@@ -392,6 +416,21 @@ class FlowHost:
                     budget,
                 )
                 await asyncio.gather(*pending, return_exceptions=True)
+        if self._outbox_task is not None and self.outbox is not None:
+            # Last: what the drained instances staged gets one more round before the store
+            # closes; anything left stays in the outbox for the next publisher.
+            self._outbox_stop.set()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._outbox_task, timeout=max(budget, 1.0))
+            if not self._outbox_task.done():
+                self._outbox_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._outbox_task
+            self._outbox_task = None
+            try:
+                await self.outbox.publisher.close()
+            except Exception:
+                log.exception("drain: closing the publisher %s failed", self.outbox.publisher.name)
         if self.store is not None and self._store_ready:
             await self.store.close()
         self._store_ready = False

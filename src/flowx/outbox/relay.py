@@ -157,6 +157,11 @@ class OutboxPublisher:
                 continue
             await self._pause(stop, idle)
             idle = min(idle * 2, self.poll_interval)
+        # Stopping: one more pass, so what was staged just before the stop goes out now.
+        try:
+            await self.drain(max_rounds=20)
+        except Exception:
+            log.exception("outbox: the last round before stopping failed; events stay pending")
 
     async def _pause(self, stop: asyncio.Event, seconds: float) -> None:
         if self._wake.is_set():

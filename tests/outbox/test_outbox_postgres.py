@@ -1,0 +1,202 @@
+"""The outbox on PostgreSQL with real brokers: the chain end to end (R5.6), a broker that
+goes away (SPEC §8), and per-key order with four publishers at once (R5.3)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+from benchmarks.rig import services
+
+import flowx
+from flowx.outbox import OutboxPublisher, RedisStreamsPublisher
+from flowx.stores.postgres import PostgresStores
+from flowx.stores.records import EventWrite, NewInstance, StepCommit, StepWrite
+from flowx.testing.conformance._support import at
+from tests.outbox.flows import Order, order_flow
+from tests.postgres_support import PG_DSN
+from tests.redis_support import REDIS_URL, drop_redis_prefix
+
+
+@pytest.fixture
+async def pg(pg_schema: Callable[[], str]) -> AsyncIterator[PostgresStores]:
+    stores = PostgresStores(PG_DSN, schema=pg_schema())
+    await stores.open()
+    try:
+        yield stores
+    finally:
+        await stores.close()
+
+
+@pytest.fixture
+async def prefix() -> AsyncIterator[str]:
+    name = f"flowx-test-{uuid.uuid4().hex[:12]}"
+    yield name
+    await drop_redis_prefix(name)
+
+
+async def stream_entries(stream: str) -> list[dict[str, str]]:
+    from redis import asyncio as aioredis
+
+    client: Any = aioredis.Redis.from_url(REDIS_URL, decode_responses=True)
+    try:
+        return [fields for _id, fields in await client.xrange(stream)]
+    finally:
+        await client.aclose()
+
+
+async def wait_until_published(stores: PostgresStores, timeout: float = 30.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while await stores.outbox.pending_count():
+        assert asyncio.get_running_loop().time() < deadline, "the outbox did not drain"
+        await asyncio.sleep(0.02)
+
+
+async def test_flows_emit_through_the_outbox_to_a_real_redis_stream(
+    pg: PostgresStores, prefix: str
+) -> None:
+    """R5.6: journal outbox → publisher → Redis → a consumer reading it, in one process."""
+    broker = RedisStreamsPublisher(REDIS_URL, prefix=f"{prefix}:")
+    async with flowx.FlowHost(store=pg, flows=[order_flow], publisher=broker) as host:
+        handles = [await host.start(order_flow, Order(order_id=f"o{i}")) for i in range(30)]
+        await asyncio.gather(*(h.result() for h in handles))
+        await wait_until_published(pg)
+        for i, handle in enumerate(handles):
+            staged = await pg.journal.events(handle.instance_id)
+            got = await stream_entries(f"{prefix}:o{i}")
+            # Every event exactly as staged, in its key's order, once.
+            assert [g["event_id"] for g in got] == [e.event_id for e in staged]
+            assert [g["payload"] for g in got] == [e.payload for e in staged]
+            assert [json.loads(g["payload"])["n"] for g in got] == [1, 2, 3]
+            assert all(json.loads(g["payload"])["card"] == "[redacted]" for g in got)
+            assert {g["type"] for g in got} == {"shop.order_event"}
+
+
+@pytest.mark.crash
+async def test_with_redis_stopped_flows_complete_and_the_outbox_waits(
+    pg: PostgresStores, prefix: str
+) -> None:
+    """SPEC §8 'broker unavailable': the real Redis is shut down mid-run and restarted."""
+    broker = RedisStreamsPublisher(REDIS_URL, prefix=f"{prefix}:", timeout=1.0)
+    async with flowx.FlowHost(store=pg, flows=[order_flow], publisher=broker) as host:
+        assert host.outbox is not None
+        host.outbox.retry_backoff = host.outbox.max_backoff = 0.2
+        await asyncio.to_thread(services.stop_redis)
+        try:
+            handles = [await host.start(order_flow, Order(order_id=f"o{i}")) for i in range(20)]
+            await asyncio.gather(*(h.result() for h in handles))
+            states = [(await host.get(h.instance_id)).state for h in handles]
+            assert set(states) == {flowx.InstanceState.COMPLETED}
+            await asyncio.sleep(0.5)
+            assert await pg.outbox.pending_count() == 60  # all of it waits, nothing lost
+            assert host.outbox.failures > 0
+        finally:
+            await asyncio.to_thread(services.start_redis)
+        await wait_until_published(pg)
+        for i in range(20):
+            got = await stream_entries(f"{prefix}:o{i}")
+            assert [json.loads(g["payload"])["n"] for g in got] == [1, 2, 3]
+
+
+KEYS = 200
+INSTANCES_PER_KEY = 2
+COMMITS_PER_INSTANCE = 25
+EVENTS_PER_COMMIT = 5
+TOTAL = KEYS * INSTANCES_PER_KEY * COMMITS_PER_INSTANCE * EVENTS_PER_COMMIT  # 50,000
+
+
+async def test_four_publishers_keep_every_key_in_order_over_50000_events(
+    pg: PostgresStores, prefix: str
+) -> None:
+    """R5.3. Events are staged while four publishers drain (each with its own PostgreSQL
+    transaction and Redis connection). A key's events come from two instances taking turns,
+    each commit staged after the previous one of its key committed, so each key has one
+    true order: ``n`` = 0, 1, 2, … The consumer reads every key's stream and checks it."""
+    assert TOTAL >= 50_000
+    locks = {k: asyncio.Lock() for k in range(KEYS)}
+    counters = dict.fromkeys(range(KEYS), 0)
+
+    async def stager(key: int, instance_id: str) -> None:
+        await pg.journal.create(
+            NewInstance(
+                instance_id=instance_id,
+                flow_id="ordering",
+                flow_version="1",
+                input="{}",
+                state_bag="{}",
+            ),
+            token=1,
+            now=at(0),
+        )
+        for c in range(1, COMMITS_PER_INSTANCE + 1):
+            async with locks[key]:
+                first = counters[key]
+                counters[key] += EVENTS_PER_COMMIT
+                await pg.journal.commit(
+                    StepCommit(
+                        instance_id=instance_id,
+                        token=1,
+                        now=at(c),
+                        step=StepWrite(
+                            scope="",
+                            step_id=c,
+                            attempt=1,
+                            step_name=f"s{c}",
+                            outcome=flowx.Outcome.SUCCESS,
+                            result="null",
+                        ),
+                        events=tuple(
+                            EventWrite(
+                                event_id=str(uuid.uuid4()),
+                                type="ordering.tick",
+                                schema_version="1",
+                                partition_key=f"k{key}",
+                                payload=json.dumps({"n": first + i}),
+                            )
+                            for i in range(EVENTS_PER_COMMIT)
+                        ),
+                    )
+                )
+
+    relays = [
+        OutboxPublisher(
+            pg.outbox,
+            RedisStreamsPublisher(REDIS_URL, prefix=f"{prefix}:"),
+            batch_size=500,
+            owner=f"p{n}",
+        )
+        for n in range(4)
+    ]
+    stop = asyncio.Event()
+    loops = [asyncio.create_task(r.run(stop)) for r in relays]
+    try:
+        await asyncio.gather(
+            *(stager(k, str(uuid.uuid4())) for k in range(KEYS) for _ in range(INSTANCES_PER_KEY))
+        )
+        await wait_until_published(pg, timeout=120)
+    finally:
+        stop.set()
+        await asyncio.gather(*loops)
+        for r in relays:
+            await r.publisher.close()
+    published = [r.published for r in relays]
+    assert sum(published) >= TOTAL
+    assert sum(1 for p in published if p) >= 2, f"only one publisher worked: {published}"
+    out_of_order = []
+    delivered = 0
+    for k in range(KEYS):
+        seen: set[str] = set()
+        ns = []
+        for g in await stream_entries(f"{prefix}:k{k}"):
+            if g["event_id"] not in seen:
+                seen.add(g["event_id"])
+                ns.append(json.loads(g["payload"])["n"])
+        delivered += len(ns)
+        if ns != list(range(counters[k])):
+            out_of_order.append(k)
+    assert delivered == TOTAL
+    assert out_of_order == []
