@@ -38,6 +38,15 @@ from flowx.hosting import (
     sqlite,
     with_leases,
 )
+from flowx.outbox import (
+    EventPublisher,
+    FanOutPublisher,
+    OutboxPublisher,
+    PublishFailure,
+    PublishResult,
+    RecordingPublisher,
+    RedisStreamsPublisher,
+)
 from flowx.plan import Durable, Ephemeral, Plan, Profile, Retry, event, flow
 from flowx.stores.errors import (
     DuplicateStep,
@@ -63,6 +72,8 @@ __all__ = [
     "Durable",
     "DurableLease",
     "Ephemeral",
+    "EventPublisher",
+    "FanOutPublisher",
     "FencedOut",
     "FlowFailed",
     "FlowHandle",
@@ -80,11 +91,16 @@ __all__ = [
     "NonDeterminismError",
     "NonRetryableError",
     "NotAFlowXStore",
+    "OutboxPublisher",
     "Outcome",
     "Plan",
     "PlanError",
     "Profile",
+    "PublishFailure",
+    "PublishResult",
+    "RecordingPublisher",
     "RecoveryScanResult",
+    "RedisStreamsPublisher",
     "Retry",
     "RunResult",
     "SchemaTooNew",

@@ -120,6 +120,18 @@ class InstanceNotFound(FlowXError):
         self.instance_id = instance_id
 
 
+class DeadLetterNotFound(FlowXError):
+    """No dead letter has that event id (never dead-lettered, already resent, or published)."""
+
+    code = "outbox.dead_letter_not_found"
+
+    def __init__(self, event_id: str) -> None:
+        super().__init__(
+            f"no dead letter {event_id!r} in this outbox; `flowx outbox dead-letters` lists them"
+        )
+        self.event_id = event_id
+
+
 class FlowFailed(FlowXError):
     """Raised by ``FlowHandle.result()`` for an instance that ended in a failure state."""
 

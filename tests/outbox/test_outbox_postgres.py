@@ -200,3 +200,71 @@ async def test_four_publishers_keep_every_key_in_order_over_50000_events(
             out_of_order.append(k)
     assert delivered == TOTAL
     assert out_of_order == []
+
+
+async def test_a_commit_in_another_process_wakes_an_idle_publisher_by_notify(
+    pg_schema: Callable[[], str],
+) -> None:
+    """LISTEN/NOTIFY: two store objects with their own pools stand for two processes."""
+    schema = pg_schema()
+    publisher_side = PostgresStores(PG_DSN, schema=schema)
+    stager_side = PostgresStores(PG_DSN, schema=schema)
+    await publisher_side.open()
+    await stager_side.open()
+    try:
+        # Nothing staged yet: the wait times out (and the LISTEN connection is now up).
+        assert await publisher_side.outbox.wait_staged(1.0) is False
+        iid = str(uuid.uuid4())
+        await stager_side.journal.create(
+            NewInstance(
+                instance_id=iid, flow_id="notify", flow_version="1", input="{}", state_bag="{}"
+            ),
+            token=1,
+            now=at(0),
+        )
+        # A commit with no events sends no wake-up.
+        await stager_side.journal.commit(
+            StepCommit(
+                instance_id=iid,
+                token=1,
+                now=at(1),
+                step=StepWrite(
+                    scope="",
+                    step_id=1,
+                    attempt=1,
+                    step_name="s1",
+                    outcome=flowx.Outcome.SUCCESS,
+                    result="null",
+                ),
+            )
+        )
+        assert await publisher_side.outbox.wait_staged(1.0) is False
+        await stager_side.journal.commit(
+            StepCommit(
+                instance_id=iid,
+                token=1,
+                now=at(2),
+                step=StepWrite(
+                    scope="",
+                    step_id=2,
+                    attempt=1,
+                    step_name="s2",
+                    outcome=flowx.Outcome.SUCCESS,
+                    result="null",
+                ),
+                events=(
+                    EventWrite(
+                        event_id=str(uuid.uuid4()),
+                        type="notify.tick",
+                        schema_version="1",
+                        partition_key="k",
+                        payload="{}",
+                    ),
+                ),
+            )
+        )
+        assert await publisher_side.outbox.wait_staged(10.0) is True
+        assert await publisher_side.outbox.pending_count() == 1
+    finally:
+        await stager_side.close()
+        await publisher_side.close()

@@ -28,14 +28,14 @@ import click
 
 from flowx import codec
 from flowx.cli.output import clip, emit_json, table
-from flowx.errors import FlowNotFound, FlowXError, InstanceNotFound
+from flowx.errors import DeadLetterNotFound, FlowNotFound, FlowXError, InstanceNotFound
 from flowx.hosting.host import FlowHost
 from flowx.hosting.settings import HostSettings
 from flowx.hosting.stores import DEFAULT_URL, from_url
 from flowx.hosting.worker import configure_logging, load_flows, serve
 from flowx.stores.errors import UnknownInstance
 from flowx.stores.protocols import InstanceQuery, Stores
-from flowx.stores.records import InstanceRecord, InstanceState, StepRecord
+from flowx.stores.records import EventRecord, InstanceRecord, InstanceState, StepRecord
 
 T = TypeVar("T")
 
@@ -44,7 +44,12 @@ EXIT_NOT_FOUND = 3
 #: Reserved for commands that change an instance (cancel, retry) and find it in the wrong state.
 EXIT_ILLEGAL_STATE = 4
 
-_NOT_FOUND: tuple[type[FlowXError], ...] = (InstanceNotFound, UnknownInstance, FlowNotFound)
+_NOT_FOUND: tuple[type[FlowXError], ...] = (
+    InstanceNotFound,
+    UnknownInstance,
+    FlowNotFound,
+    DeadLetterNotFound,
+)
 
 db_option = click.option(
     "--db",
@@ -213,6 +218,14 @@ def cli() -> None:
 @click.option(
     "--shutdown-drain-timeout", default=None, help="e.g. 30s (also FLOWX_SHUTDOWN_DRAIN_TIMEOUT)."
 )
+@click.option(
+    "--publish",
+    "publish_url",
+    envvar="FLOWX_PUBLISH_URL",
+    default=None,
+    help="Drain the outbox to this broker: redis://…, amqp://… or nats://… (comma-separated "
+    "for several); also FLOWX_PUBLISH_URL. Any number of workers may publish at once.",
+)
 def worker(
     db: str,
     leases: str | None,
@@ -224,6 +237,7 @@ def worker(
     lease_ttl: str | None,
     recovery_scan_interval: str | None,
     shutdown_drain_timeout: str | None,
+    publish_url: str | None,
 ) -> None:
     """Run a node: execute instances, renew leases, recover, drain on SIGTERM."""
     # Logging first, so every line the node logs — from importing --flows on — is already in
@@ -246,6 +260,7 @@ def worker(
             settings=settings,
             node_id=node_id,
             ready_file=ready_file,
+            publish_url=publish_url,
         )
     )
     sys.exit(code)
@@ -481,6 +496,86 @@ def migrate(db: str, output: str) -> None:
         click.echo(f"{description}: schema up to date")
     else:
         click.echo(f"{description}: schema up to date (version {version})")
+
+
+@cli.group()
+def outbox() -> None:
+    """The transactional outbox: what waits to be published, and dead letters (R5.5)."""
+
+
+def event_dict(e: EventRecord) -> dict[str, Any]:
+    return {
+        "event_id": e.event_id,
+        "instance_id": e.instance_id,
+        "type": e.type,
+        "schema_version": e.schema_version,
+        "partition_key": e.partition_key,
+        "staged_seq": e.staged_seq,
+        "staged_at": e.staged_at.isoformat() if e.staged_at else None,
+        "attempts": e.attempts,
+        "dead_at": e.dead_at.isoformat() if e.dead_at else None,
+        "reason": e.dead_reason,
+        "payload": _payload(e.payload),
+    }
+
+
+@outbox.command("dead-letters")
+@db_option
+@output_option
+@click.option("--limit", type=click.IntRange(1, 10_000), default=100, show_default=True)
+def dead_letters(db: str, output: str, limit: int) -> None:
+    """List events a broker refused for good, oldest first, with the broker's reason."""
+
+    async def main() -> tuple[int, list[EventRecord]]:
+        async with open_stores(db) as stores:
+            return await stores.outbox.pending_count(), list(
+                await stores.outbox.dead_letters(limit=limit)
+            )
+
+    pending, dead = run(main())
+    if output == "json":
+        emit_json({"pending": pending, "dead_letters": [event_dict(e) for e in dead]})
+        return
+    if not dead:
+        click.echo(f"no dead letters ({pending} event(s) pending)")
+        return
+    click.echo(
+        table(
+            ["event_id", "type", "key", "attempts", "dead_at", "reason"],
+            [
+                (
+                    e.event_id,
+                    e.type,
+                    e.partition_key or "-",
+                    e.attempts,
+                    _stamp(e.dead_at) if e.dead_at else "-",
+                    clip(e.dead_reason or ""),
+                )
+                for e in dead
+            ],
+        )
+    )
+    click.echo(f"{len(dead)} dead letter(s); {pending} event(s) pending", err=True)
+
+
+@outbox.command("retry")
+@click.argument("event_id")
+@db_option
+@output_option
+def retry(event_id: str, db: str, output: str) -> None:
+    """Put a dead letter back in the queue, once its cause is fixed. It is resent after any
+    newer event of its key that already went out."""
+
+    async def main() -> None:
+        async with open_stores(db) as stores:
+            if not await stores.outbox.retry_dead_letter(event_id):
+                raise DeadLetterNotFound(event_id)
+
+    run(main())
+    if output == "json":
+        emit_json({"event_id": event_id, "requeued": True})
+    else:
+        click.echo(f"{event_id}: back in the outbox; the next publisher round sends it")
 
 
 def main() -> None:

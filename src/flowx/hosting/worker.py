@@ -22,6 +22,7 @@ from flowx.errors import FlowXError
 from flowx.hosting.host import FlowHost
 from flowx.hosting.settings import HostSettings
 from flowx.hosting.stores import from_url
+from flowx.outbox.urls import publisher_from_url
 from flowx.plan.model import Plan
 
 log = logging.getLogger("flowx.worker")
@@ -99,6 +100,7 @@ async def serve(
     settings: HostSettings,
     node_id: str | None = None,
     ready_file: Path | None = None,
+    publish_url: str | None = None,
 ) -> int:
     """Run a node until SIGTERM/SIGINT, then drain. Returns the exit code."""
     host = FlowHost(
@@ -106,6 +108,7 @@ async def serve(
         flows=plans,
         settings=settings,
         node_id=node_id,
+        publisher=publisher_from_url(publish_url) if publish_url else None,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

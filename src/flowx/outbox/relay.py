@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from flowx.clock import Clock, SystemClock
 from flowx.outbox.publisher import EventPublisher, PublishFailure
-from flowx.stores.protocols import OutboxStore
+from flowx.stores.protocols import OutboxStore, StagedWakeups
 
 log = logging.getLogger("flowx.outbox")
 
@@ -167,7 +167,12 @@ class OutboxPublisher:
         if self._wake.is_set():
             self._wake.clear()
             return
-        waits = [asyncio.ensure_future(self._wake.wait()), asyncio.ensure_future(stop.wait())]
+        waits: list[asyncio.Future[bool]] = [
+            asyncio.ensure_future(self._wake.wait()),
+            asyncio.ensure_future(stop.wait()),
+        ]
+        if isinstance(self._outbox, StagedWakeups):
+            waits.append(asyncio.ensure_future(self._outbox.wait_staged(seconds)))
         try:
             await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
         finally:

@@ -222,6 +222,16 @@ class OutboxStore(Protocol):
 
 
 @runtime_checkable
+class StagedWakeups(Protocol):
+    """**Protocol (optional):** an outbox that can tell a publisher that another process
+    staged events (PostgreSQL's LISTEN/NOTIFY), so an idle publisher need not poll hot."""
+
+    async def wait_staged(self, timeout: float) -> bool:
+        """``True`` when told of staged events within ``timeout`` seconds."""
+        ...
+
+
+@runtime_checkable
 class Stores(Protocol):
     """**Protocol:** what a backend hands the host: its roles, plus lifecycle."""
 

@@ -29,6 +29,7 @@ from psycopg.rows import dict_row
 
 from flowx.stores.outbox_claims import ClaimOutcome
 from flowx.stores.postgres.database import PostgresDatabase
+from flowx.stores.postgres.notify import StagedListener
 from flowx.stores.records import EventRecord
 
 _COLUMNS: Final[LiteralString] = (
@@ -103,6 +104,14 @@ class PostgresOutbox:
 
     def __init__(self, db: PostgresDatabase) -> None:
         self._db = db
+        self._listener = StagedListener(db)
+
+    async def wait_staged(self, timeout: float) -> bool:
+        """Wait for another process's NOTIFY that it staged events (``StagedWakeups``)."""
+        return await self._listener.wait(timeout)
+
+    async def close(self) -> None:
+        await self._listener.close()
 
     @contextlib.asynccontextmanager
     async def claim(self, *, limit: int, now: datetime, owner: str) -> AsyncIterator[ClaimOutcome]:

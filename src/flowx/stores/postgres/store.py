@@ -15,6 +15,7 @@ from psycopg.rows import dict_row
 from flowx.stores.errors import FencedOut, LeaseLost, UnknownInstance
 from flowx.stores.postgres.commit import GroupCommitter
 from flowx.stores.postgres.database import PostgresDatabase, redact
+from flowx.stores.postgres.notify import StagedNotifier
 from flowx.stores.postgres.outbox import PostgresOutbox
 from flowx.stores.protocols import InstanceQuery
 from flowx.stores.records import (
@@ -222,9 +223,10 @@ async def existing(cur: Any, instance: NewInstance) -> InstanceRecord:
 class PostgresJournal:
     """``FlowJournal`` on PostgreSQL."""
 
-    def __init__(self, db: PostgresDatabase) -> None:
+    def __init__(self, db: PostgresDatabase, notifier: StagedNotifier | None = None) -> None:
         self._db = db
         self._group = GroupCommitter(db)
+        self._notifier = notifier
 
     async def create(self, instance: NewInstance, *, token: int, now: datetime) -> CreateResult:
         params = create_params(instance, token, now)
@@ -270,7 +272,10 @@ class PostgresJournal:
 
     async def commit(self, commit: StepCommit) -> int | None:
         # Concurrent commits from many instances share statements (commit.py).
-        return await self._group.commit(commit)
+        sequence = await self._group.commit(commit)
+        if commit.events and self._notifier is not None:
+            self._notifier.staged()
+        return sequence
 
     async def get(self, instance_id: str) -> InstanceRecord | None:
         async with self._db.connection() as conn:
@@ -410,7 +415,8 @@ class PostgresStores:
     ) -> None:
         self.db = PostgresDatabase(dsn, schema=schema, **pool)
         self._migrate = migrate
-        self.journal = PostgresJournal(self.db)
+        self.notifier = StagedNotifier(self.db)
+        self.journal = PostgresJournal(self.db, self.notifier)
         self.leases = PostgresLeaseStore(self.db)
         self.recovery = PostgresRecoveryIndex(self.db)
         self.catalog = PostgresCatalog(self.db)
@@ -426,6 +432,8 @@ class PostgresStores:
         await self.db.open(migrate=self._migrate)
 
     async def close(self) -> None:
+        await self.notifier.close()
+        await self.outbox.close()
         await self.db.close()
 
     def describe(self) -> str:
