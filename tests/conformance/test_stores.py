@@ -15,6 +15,7 @@ from flowx.stores.protocols import Stores
 from flowx.stores.redis import RedisLeaseStore
 from flowx.stores.sqlite import SqliteStores
 from flowx.testing.conformance import (
+    ChangeFeedConformance,
     JournalConformance,
     LeaseStoreConformance,
     OutboxConformance,
@@ -80,4 +81,8 @@ class TestRecoveryIndex(RecoveryIndexConformance):
 
 
 class TestOutbox(OutboxConformance):
+    pass
+
+
+class TestChangeFeed(ChangeFeedConformance):
     pass

@@ -268,3 +268,63 @@ async def test_a_commit_in_another_process_wakes_an_idle_publisher_by_notify(
     finally:
         await stager_side.close()
         await publisher_side.close()
+
+
+async def test_a_subscription_never_skips_an_event_a_slower_transaction_stages(
+    pg: PostgresStores,
+) -> None:
+    """R2.14 on PostgreSQL. Transaction A stages an event and stays open; B stages one after
+    it and commits. A cursor by staged_seq that read B would pass A for ever. The feed reads
+    nothing past A's transaction until A ends, then both, A first."""
+    import psycopg
+
+    ids = [str(uuid.uuid4()), str(uuid.uuid4())]
+    for iid in ids:
+        await pg.journal.create(
+            NewInstance(
+                instance_id=iid, flow_id="gap", flow_version="1", input="{}", state_bag="{}"
+            ),
+            token=1,
+            now=at(0),
+        )
+    await pg.changes.subscribe("audit", now=at(0))
+    slow_event = str(uuid.uuid4())
+    async with await psycopg.AsyncConnection.connect(
+        PG_DSN, options=f"-c search_path={pg.db.schema}"
+    ) as slow:
+        await slow.execute(
+            "INSERT INTO outbox_event (event_id, instance_id, sequence, ordinal, type, "
+            "schema_version, partition_key, payload, staged_at) "
+            "VALUES (%s, %s, 1, 0, 'gap.slow', '1', 'k', '{}', now())",
+            (slow_event, ids[0]),
+        )
+        fast = EventWrite(
+            event_id=str(uuid.uuid4()),
+            type="gap.fast",
+            schema_version="1",
+            partition_key="k",
+            payload="{}",
+        )
+        await pg.journal.commit(
+            StepCommit(
+                instance_id=ids[1],
+                token=1,
+                now=at(1),
+                step=StepWrite(
+                    scope="",
+                    step_id=1,
+                    attempt=1,
+                    step_name="s1",
+                    outcome=flowx.Outcome.SUCCESS,
+                    result="null",
+                ),
+                events=(fast,),
+            )
+        )
+        held = await pg.changes.read("audit")
+        assert held.events == ()  # B is committed, but A's transaction is still open
+        await pg.changes.commit("audit", held.position, now=at(2))
+        await slow.commit()
+    both = await pg.changes.read("audit")
+    assert [e.event_id for e in both.events] == [slow_event, fast.event_id]
+    assert both.events[0].staged_seq < both.events[1].staged_seq

@@ -117,3 +117,16 @@ class SchemaNotMigrated(StoreError):
     """The store's schema is older than the code and automatic migration is off."""
 
     code = "store.schema_not_migrated"
+
+
+class UnknownConsumer(StoreError):
+    """A change subscription was read or committed before it was declared."""
+
+    code = "changes.unknown_consumer"
+
+    def __init__(self, consumer: str) -> None:
+        super().__init__(
+            f"no change subscription {consumer!r}; declare it first with "
+            "stores.changes.subscribe(consumer, now=...)"
+        )
+        self.consumer = consumer

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from flowx.stores.protocols import (
+    ChangeFeed,
     FlowJournal,
     InstanceCatalog,
     LeaseStore,
@@ -57,6 +58,10 @@ class PairedStores:
     @property
     def outbox(self) -> OutboxStore:
         return self._base.outbox
+
+    @property
+    def changes(self) -> ChangeFeed:
+        return self._base.changes
 
     async def open(self) -> None:
         await self._base.open()

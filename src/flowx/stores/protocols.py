@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from typing import Protocol, runtime_checkable
 
 from flowx.stores.records import (
+    ChangeBatch,
     CreateResult,
     EventRecord,
     History,
@@ -23,6 +24,7 @@ from flowx.stores.records import (
     InstanceState,
     Lease,
     NewInstance,
+    OutboxPurge,
     RecoveryCandidate,
     StepCommit,
     StepRecord,
@@ -221,6 +223,35 @@ class OutboxStore(Protocol):
         ...
 
 
+class ChangeFeed(Protocol):
+    """**Protocol:** change subscriptions — a named consumer reads staged events through its
+    own ``change_cursor`` row, in order, at-least-once, with no broker (R2.14). A declared
+    consumer holds back the outbox purge until it has read what would be purged (R2.13)."""
+
+    async def subscribe(self, consumer: str, *, now: datetime, from_start: bool = True) -> bool:
+        """Declare ``consumer``; ``False`` if it already was (its cursor is kept). A new one
+        starts at the oldest event retained, or with ``from_start=False`` at what is staged
+        from now on."""
+        ...
+
+    async def read(self, consumer: str, *, limit: int = 500) -> ChangeBatch:
+        """Up to ``limit`` events after the consumer's cursor, in order. Raises
+        ``UnknownConsumer`` for a consumer never subscribed."""
+        ...
+
+    async def commit(self, consumer: str, position: tuple[int, int], *, now: datetime) -> None:
+        """Move the cursor to ``position`` (from a ``ChangeBatch``); never backwards."""
+        ...
+
+    async def unsubscribe(self, consumer: str) -> bool:
+        """Forget the consumer, so it no longer holds back the purge."""
+        ...
+
+    async def purge_published(self, *, before: datetime) -> OutboxPurge:
+        """Delete events published before ``before`` that every subscription has read."""
+        ...
+
+
 @runtime_checkable
 class StagedWakeups(Protocol):
     """**Protocol (optional):** an outbox that can tell a publisher that another process
@@ -249,6 +280,9 @@ class Stores(Protocol):
 
     @property
     def outbox(self) -> OutboxStore: ...
+
+    @property
+    def changes(self) -> ChangeFeed: ...
 
     async def open(self) -> None:
         """Connect and bring the schema up to date (or refuse one the code does not know)."""

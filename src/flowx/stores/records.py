@@ -228,3 +228,22 @@ class EventRecord:
     #: Set when the event was moved aside as a dead letter, with the broker's reason.
     dead_at: datetime | None = None
     dead_reason: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ChangeBatch:
+    """What a change subscription read (R2.14): events after its cursor, in order, and the
+    position to commit once they are handled. ``position`` is opaque: pass it back as is."""
+
+    consumer: str
+    events: tuple[EventRecord, ...]
+    position: tuple[int, int]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OutboxPurge:
+    """What a purge of published outbox rows did (R2.13)."""
+
+    deleted: int
+    #: Past their window but kept: a change subscription has not read them yet.
+    held_back: int

@@ -11,11 +11,18 @@ import dataclasses
 from collections.abc import AsyncIterator, Sequence
 from datetime import datetime, timedelta
 
-from flowx.stores.errors import DuplicateStep, FencedOut, LeaseLost, UnknownInstance
+from flowx.stores.errors import (
+    DuplicateStep,
+    FencedOut,
+    LeaseLost,
+    UnknownConsumer,
+    UnknownInstance,
+)
 from flowx.stores.outbox_claims import ClaimOutcome
 from flowx.stores.protocols import InstanceQuery
 from flowx.stores.records import (
     ACTIVE_STATES,
+    ChangeBatch,
     CreateResult,
     EventRecord,
     History,
@@ -23,6 +30,7 @@ from flowx.stores.records import (
     InstanceState,
     Lease,
     NewInstance,
+    OutboxPurge,
     RecoveryCandidate,
     StepCommit,
     StepRecord,
@@ -326,6 +334,51 @@ class MemoryOutbox:
         return False
 
 
+class MemoryChanges:
+    """Change subscriptions over the in-memory event list; positions are ``(0, staged_seq)``
+    because one process staging under one loop stages in commit order."""
+
+    def __init__(self, data: _Data) -> None:
+        self._d = data
+        self._cursors: dict[str, int] = {}
+
+    async def subscribe(self, consumer: str, *, now: datetime, from_start: bool = True) -> bool:
+        if consumer in self._cursors:
+            return False
+        self._cursors[consumer] = 0 if from_start else self._d.staged_seq
+        return True
+
+    async def read(self, consumer: str, *, limit: int = 500) -> ChangeBatch:
+        if consumer not in self._cursors:
+            raise UnknownConsumer(consumer)
+        after = self._cursors[consumer]
+        got = tuple(e for e in self._d.events if e.staged_seq > after)[:limit]
+        position = (0, got[-1].staged_seq if got else after)
+        return ChangeBatch(consumer=consumer, events=got, position=position)
+
+    async def commit(self, consumer: str, position: tuple[int, int], *, now: datetime) -> None:
+        if consumer not in self._cursors:
+            raise UnknownConsumer(consumer)
+        self._cursors[consumer] = max(self._cursors[consumer], position[1])
+
+    async def unsubscribe(self, consumer: str) -> bool:
+        return self._cursors.pop(consumer, None) is not None
+
+    async def purge_published(self, *, before: datetime) -> OutboxPurge:
+        read_to = min(self._cursors.values(), default=None)
+        keep: list[EventRecord] = []
+        deleted = held = 0
+        for e in self._d.events:
+            if e.published_at is not None and e.published_at < before:
+                if read_to is None or e.staged_seq <= read_to:
+                    deleted += 1
+                    continue
+                held += 1
+            keep.append(e)
+        self._d.events = keep
+        return OutboxPurge(deleted=deleted, held_back=held)
+
+
 class MemoryStores:
     """All four roles over one shared in-memory data set."""
 
@@ -336,6 +389,7 @@ class MemoryStores:
         self.recovery = MemoryRecoveryIndex(self._data)
         self.catalog = MemoryCatalog(self._data)
         self.outbox = MemoryOutbox(self._data)
+        self.changes = MemoryChanges(self._data)
 
     async def open(self) -> None:
         return None

@@ -13,6 +13,7 @@ from typing import Any, Final, LiteralString
 from psycopg.rows import dict_row
 
 from flowx.stores.errors import FencedOut, LeaseLost, UnknownInstance
+from flowx.stores.postgres.changes import PostgresChanges
 from flowx.stores.postgres.commit import GroupCommitter
 from flowx.stores.postgres.database import PostgresDatabase, redact
 from flowx.stores.postgres.notify import StagedNotifier
@@ -421,6 +422,7 @@ class PostgresStores:
         self.recovery = PostgresRecoveryIndex(self.db)
         self.catalog = PostgresCatalog(self.db)
         self.outbox = PostgresOutbox(self.db)
+        self.changes = PostgresChanges(self.db)
 
     async def create_leased(
         self, instance: NewInstance, *, owner: str, ttl: timedelta, now: datetime

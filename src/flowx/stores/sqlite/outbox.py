@@ -21,8 +21,9 @@ from collections.abc import AsyncIterator, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Final
 
+from flowx.stores.errors import UnknownConsumer
 from flowx.stores.outbox_claims import ClaimOutcome
-from flowx.stores.records import EventRecord
+from flowx.stores.records import ChangeBatch, EventRecord, OutboxPurge
 from flowx.stores.sqlite.database import SqliteDatabase, from_text, to_text
 
 log = logging.getLogger("flowx.sqlite")
@@ -164,5 +165,88 @@ class SqliteOutbox:
                 (event_id,),
             )
             return cur.rowcount == 1
+
+        return await self._db.write(tx)
+
+
+class SqliteChanges:
+    """Change subscriptions on SQLite (R2.14). One writer at a time means ``staged_seq`` is
+    commit order, so the cursor is that one number: the position is ``(0, staged_seq)``."""
+
+    def __init__(self, db: SqliteDatabase) -> None:
+        self._db = db
+
+    async def subscribe(self, consumer: str, *, now: datetime, from_start: bool = True) -> bool:
+        def tx(conn: sqlite3.Connection) -> bool:
+            start = 0
+            if not from_start:
+                start = conn.execute(
+                    "SELECT coalesce(max(staged_seq), 0) FROM outbox_event"
+                ).fetchone()[0]
+            cur = conn.execute(
+                "INSERT INTO change_cursor (consumer, last_staged_seq, updated_at) "
+                "VALUES (?, ?, ?) ON CONFLICT (consumer) DO NOTHING",
+                (consumer, start, to_text(now)),
+            )
+            return cur.rowcount == 1
+
+        return await self._db.write(tx)
+
+    async def read(self, consumer: str, *, limit: int = 500) -> ChangeBatch:
+        def q(conn: sqlite3.Connection) -> ChangeBatch:
+            row = conn.execute(
+                "SELECT last_staged_seq FROM change_cursor WHERE consumer = ?", (consumer,)
+            ).fetchone()
+            if row is None:
+                raise UnknownConsumer(consumer)
+            rows = conn.execute(
+                f"SELECT {_COLUMNS} FROM outbox_event o WHERE o.staged_seq > ? "
+                "ORDER BY o.staged_seq LIMIT ?",
+                (row[0], limit),
+            ).fetchall()
+            events = tuple(_record(r) for r in rows)
+            return ChangeBatch(
+                consumer=consumer,
+                events=events,
+                position=(0, events[-1].staged_seq if events else int(row[0])),
+            )
+
+        return await self._db.run(q)
+
+    async def commit(self, consumer: str, position: tuple[int, int], *, now: datetime) -> None:
+        def tx(conn: sqlite3.Connection) -> None:
+            cur = conn.execute(
+                "UPDATE change_cursor SET last_staged_seq = max(last_staged_seq, ?), "
+                "updated_at = ? WHERE consumer = ?",
+                (position[1], to_text(now), consumer),
+            )
+            if cur.rowcount != 1:
+                raise UnknownConsumer(consumer)
+
+        await self._db.write(tx)
+
+    async def unsubscribe(self, consumer: str) -> bool:
+        def tx(conn: sqlite3.Connection) -> bool:
+            cur = conn.execute("DELETE FROM change_cursor WHERE consumer = ?", (consumer,))
+            return cur.rowcount == 1
+
+        return await self._db.write(tx)
+
+    async def purge_published(self, *, before: datetime) -> OutboxPurge:
+        def tx(conn: sqlite3.Connection) -> OutboxPurge:
+            cutoff = to_text(before)
+            read_to = conn.execute("SELECT min(last_staged_seq) FROM change_cursor").fetchone()[0]
+            bound = (1 << 62) if read_to is None else int(read_to)
+            held = conn.execute(
+                "SELECT count(*) FROM outbox_event WHERE published_at IS NOT NULL "
+                "AND published_at < ? AND staged_seq > ?",
+                (cutoff, bound),
+            ).fetchone()[0]
+            deleted = conn.execute(
+                "DELETE FROM outbox_event WHERE published_at IS NOT NULL AND published_at < ? "
+                "AND staged_seq <= ?",
+                (cutoff, bound),
+            ).rowcount
+            return OutboxPurge(deleted=int(deleted), held_back=int(held))
 
         return await self._db.write(tx)

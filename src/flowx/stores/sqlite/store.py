@@ -30,7 +30,7 @@ from flowx.stores.records import (
     StepRecord,
 )
 from flowx.stores.sqlite.database import SqliteDatabase, from_text, to_text
-from flowx.stores.sqlite.outbox import SqliteOutbox
+from flowx.stores.sqlite.outbox import SqliteChanges, SqliteOutbox
 
 _INSTANCE_COLUMNS: Final = (
     "instance_id, flow_id, flow_version, state, fence, next_sequence, input, state_bag, "
@@ -485,6 +485,7 @@ class SqliteStores:
         self.recovery = SqliteRecoveryIndex(self.db)
         self.catalog = SqliteCatalog(self.db)
         self.outbox = SqliteOutbox(self.db)
+        self.changes = SqliteChanges(self.db)
 
     async def create_leased(
         self, instance: NewInstance, *, owner: str, ttl: timedelta, now: datetime

@@ -15,10 +15,11 @@ A protocol change extends these suites in the same commit.
 
 from flowx.testing.conformance.journal import JournalConformance
 from flowx.testing.conformance.leases import LeaseStoreConformance
-from flowx.testing.conformance.outbox import OutboxConformance
+from flowx.testing.conformance.outbox import ChangeFeedConformance, OutboxConformance
 from flowx.testing.conformance.recovery import RecoveryIndexConformance
 
 __all__ = [
+    "ChangeFeedConformance",
     "JournalConformance",
     "LeaseStoreConformance",
     "OutboxConformance",

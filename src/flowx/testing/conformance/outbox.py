@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from flowx.stores.records import EventWrite, StepCommit
 from flowx.testing.conformance._support import at, event, instance, step
 
@@ -129,3 +131,70 @@ class OutboxConformance:
                 assert "outside this claim" in str(exc)
             else:
                 raise AssertionError("published(2) on a claim of 1 was accepted")
+
+
+class ChangeFeedConformance:
+    """Change subscriptions (R2.14) and the purge they hold back (R2.13)."""
+
+    async def test_an_undeclared_consumer_is_refused_by_name(self, stores: Any) -> None:
+        from flowx.stores.errors import UnknownConsumer
+
+        with pytest.raises(UnknownConsumer, match="billing"):
+            await stores.changes.read("billing")
+        with pytest.raises(UnknownConsumer, match="billing"):
+            await stores.changes.commit("billing", (0, 1), now=at(0))
+
+    async def test_a_subscription_reads_everything_in_order_at_least_once(
+        self, stores: Any
+    ) -> None:
+        staged = await stage(stores, ["a", "b", None, "a", "c"], per_commit=2)
+        assert await stores.changes.subscribe("billing", now=at(0)) is True
+        first = await stores.changes.read("billing", limit=3)
+        assert ids(first.events) == ids(staged[:3])
+        again = await stores.changes.read("billing", limit=3)
+        assert ids(again.events) == ids(staged[:3])  # not committed: read again
+        await stores.changes.commit("billing", first.position, now=at(1))
+        rest = await stores.changes.read("billing")
+        assert ids(rest.events) == ids(staged[3:])
+        await stores.changes.commit("billing", rest.position, now=at(2))
+        empty = await stores.changes.read("billing")
+        assert empty.events == () and empty.position == rest.position
+        # Declaring it again keeps its cursor; a cursor never moves backwards.
+        assert await stores.changes.subscribe("billing", now=at(3)) is False
+        await stores.changes.commit("billing", first.position, now=at(4))
+        assert (await stores.changes.read("billing")).events == ()
+        later = await stage(stores, ["a"])
+        assert ids((await stores.changes.read("billing")).events) == ids(later)
+
+    async def test_consumers_are_independent_and_can_start_from_now(self, stores: Any) -> None:
+        before = await stage(stores, ["a", "b"])
+        await stores.changes.subscribe("all", now=at(0))
+        await stores.changes.subscribe("new", now=at(0), from_start=False)
+        after = await stage(stores, ["c"])
+        assert ids((await stores.changes.read("all")).events) == ids(before + after)
+        assert ids((await stores.changes.read("new")).events) == ids(after)
+        assert await stores.changes.unsubscribe("new") is True
+        assert await stores.changes.unsubscribe("new") is False
+
+    async def test_the_purge_keeps_what_a_subscription_has_not_read(self, stores: Any) -> None:
+        staged = await stage(stores, ["a", "b", "a", "b"])
+        async with stores.outbox.claim(limit=10, now=at(10), owner="p") as claim:
+            claim.published(3)  # the fourth stays pending
+        await stores.changes.subscribe("audit", now=at(0))
+        half = await stores.changes.read("audit", limit=2)
+        await stores.changes.commit("audit", half.position, now=at(11))
+        purge = await stores.changes.purge_published(before=at(1000))
+        assert (purge.deleted, purge.held_back) == (2, 1)
+        await stores.changes.commit(
+            "audit", (await stores.changes.read("audit")).position, now=at(12)
+        )
+        purge = await stores.changes.purge_published(before=at(1000))
+        assert (purge.deleted, purge.held_back) == (1, 0)
+        # Never the pending one, and nothing newer than the window.
+        assert await stores.outbox.pending_count() == 1
+        remaining = (await stores.changes.read("audit")).events
+        assert remaining == ()
+        await stores.changes.unsubscribe("audit")
+        nothing = await stores.changes.purge_published(before=at(5))
+        assert (nothing.deleted, nothing.held_back) == (0, 0)
+        assert staged  # the staged events were real rows

@@ -1,0 +1,122 @@
+"""Change subscriptions on PostgreSQL (R2.14), and the outbox purge they hold back (R2.13).
+
+The cursor is ``(staged_xid, staged_seq)``, read only below the oldest running transaction
+(migration 0006 says why ``staged_seq`` alone would skip events). A long-running writing
+transaction anywhere in the database therefore holds subscriptions back until it ends; it
+delays them, it never makes them miss an event.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Final, LiteralString
+
+from psycopg.rows import dict_row
+
+from flowx.stores.errors import UnknownConsumer
+from flowx.stores.postgres.database import PostgresDatabase
+from flowx.stores.postgres.outbox import _COLUMNS, event_record
+from flowx.stores.records import ChangeBatch, OutboxPurge
+
+HORIZON: Final[LiteralString] = "pg_snapshot_xmin(pg_current_snapshot())"
+
+SUBSCRIBE: Final[LiteralString] = (
+    "INSERT INTO change_cursor (consumer, last_staged_seq, last_staged_xid, updated_at) "
+    "VALUES (%(consumer)s, 0, CASE WHEN %(from_start)s THEN '0'::xid8 ELSE " + HORIZON + " END, "
+    "%(now)s) ON CONFLICT (consumer) DO NOTHING"
+)
+
+CURSOR: Final[LiteralString] = (
+    "SELECT coalesce(last_staged_xid, '0'::xid8)::text AS xid, last_staged_seq AS seq "
+    "FROM change_cursor WHERE consumer = %(consumer)s"
+)
+
+READ: Final[LiteralString] = (
+    "SELECT " + _COLUMNS + ", o.staged_xid::text AS staged_xid FROM outbox_event o "
+    "WHERE (o.staged_xid, o.staged_seq) > (%(xid)s::text::xid8, %(seq)s::bigint) "
+    "AND o.staged_xid < " + HORIZON + " ORDER BY o.staged_xid, o.staged_seq LIMIT %(limit)s"
+)
+
+COMMIT: Final[LiteralString] = (
+    "UPDATE change_cursor SET last_staged_xid = %(xid)s::text::xid8, "
+    "last_staged_seq = %(seq)s, updated_at = %(now)s WHERE consumer = %(consumer)s "
+    "AND (coalesce(last_staged_xid, '0'::xid8), last_staged_seq) "
+    "<= (%(xid)s::text::xid8, %(seq)s::bigint) RETURNING 1"
+)
+
+# Everything every subscription has read: (staged_xid, staged_seq) at or below the least
+# cursor. With no subscription, everything published is eligible.
+PURGE: Final[LiteralString] = """
+WITH least AS (
+    SELECT coalesce(last_staged_xid, '0'::xid8) AS xid, last_staged_seq AS seq
+      FROM change_cursor ORDER BY 1, 2 LIMIT 1
+), gone AS (
+    DELETE FROM outbox_event o
+     WHERE o.published_at < %(before)s
+       AND (NOT EXISTS (SELECT 1 FROM least)
+            OR (o.staged_xid, o.staged_seq) <= (SELECT xid, seq FROM least))
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM gone) AS deleted,
+       (SELECT count(*) FROM outbox_event o
+         WHERE o.published_at < %(before)s
+           AND EXISTS (SELECT 1 FROM least)
+           AND (o.staged_xid, o.staged_seq) > (SELECT xid, seq FROM least)) AS held
+"""
+
+
+class PostgresChanges:
+    """**ChangeFeed** on PostgreSQL."""
+
+    def __init__(self, db: PostgresDatabase) -> None:
+        self._db = db
+
+    async def subscribe(self, consumer: str, *, now: datetime, from_start: bool = True) -> bool:
+        async with self._db.connection() as conn:
+            cur = await conn.execute(
+                SUBSCRIBE, {"consumer": consumer, "from_start": from_start, "now": now}
+            )
+            return cur.rowcount == 1
+
+    async def read(self, consumer: str, *, limit: int = 500) -> ChangeBatch:
+        async with self._db.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            at = await (await cur.execute(CURSOR, {"consumer": consumer})).fetchone()
+            if at is None:
+                raise UnknownConsumer(consumer)
+            rows = await (
+                await cur.execute(
+                    READ, {"xid": at["xid"], "seq": at["seq"], "limit": limit}, prepare=True
+                )
+            ).fetchall()
+        position = (int(at["xid"]), int(at["seq"]))
+        if rows:
+            position = (int(rows[-1]["staged_xid"]), int(rows[-1]["staged_seq"]))
+        events = tuple(
+            event_record({k: v for k, v in r.items() if k != "staged_xid"}) for r in rows
+        )
+        return ChangeBatch(consumer=consumer, events=events, position=position)
+
+    async def commit(self, consumer: str, position: tuple[int, int], *, now: datetime) -> None:
+        async with self._db.connection() as conn:
+            params = {"consumer": consumer, "xid": str(position[0]), "seq": position[1]}
+            cur = await conn.execute(COMMIT, {**params, "now": now})
+            if cur.rowcount == 1:
+                return
+            row = await (await conn.execute(CURSOR, {"consumer": consumer})).fetchone()
+            if row is None:
+                raise UnknownConsumer(consumer)
+            # Already further along: never backwards.
+
+    async def unsubscribe(self, consumer: str) -> bool:
+        async with self._db.connection() as conn:
+            cur = await conn.execute(
+                "DELETE FROM change_cursor WHERE consumer = %(c)s", {"c": consumer}
+            )
+            return cur.rowcount == 1
+
+    async def purge_published(self, *, before: datetime) -> OutboxPurge:
+        async with self._db.connection() as conn, conn.transaction():
+            row = await (await conn.execute(PURGE, {"before": before})).fetchone()
+            assert row is not None
+            return OutboxPurge(deleted=int(row[0]), held_back=int(row[1]))
