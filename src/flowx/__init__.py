@@ -41,9 +41,11 @@ from flowx.hosting import (
 from flowx.outbox import (
     EventPublisher,
     FanOutPublisher,
+    NatsJetStreamPublisher,
     OutboxPublisher,
     PublishFailure,
     PublishResult,
+    RabbitMQPublisher,
     RecordingPublisher,
     RedisStreamsPublisher,
 )
@@ -88,6 +90,7 @@ __all__ = [
     "JournalUnavailable",
     "LeaseLost",
     "LeaseUnavailable",
+    "NatsJetStreamPublisher",
     "NonDeterminismError",
     "NonRetryableError",
     "NotAFlowXStore",
@@ -98,6 +101,7 @@ __all__ = [
     "Profile",
     "PublishFailure",
     "PublishResult",
+    "RabbitMQPublisher",
     "RecordingPublisher",
     "RecoveryScanResult",
     "RedisStreamsPublisher",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -13,13 +14,20 @@ import pytest
 from benchmarks.rig import services
 
 import flowx
-from flowx.outbox import OutboxPublisher, RedisStreamsPublisher
+from flowx.outbox import (
+    FanOutPublisher,
+    OutboxPublisher,
+    RabbitMQPublisher,
+    RedisStreamsPublisher,
+)
 from flowx.stores.postgres import PostgresStores
 from flowx.stores.records import EventWrite, NewInstance, StepCommit, StepWrite
 from flowx.testing.conformance._support import at
 from tests.outbox.flows import Order, order_flow
 from tests.postgres_support import PG_DSN
 from tests.redis_support import REDIS_URL, drop_redis_prefix
+
+RABBITMQ_URL = os.environ.get("FLOWX_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672/")
 
 
 @pytest.fixture
@@ -56,11 +64,45 @@ async def wait_until_published(stores: PostgresStores, timeout: float = 30.0) ->
         await asyncio.sleep(0.02)
 
 
-async def test_flows_emit_through_the_outbox_to_a_real_redis_stream(
+async def rabbit_queue(exchange: str) -> tuple[Any, Any]:
+    import aio_pika
+
+    connection = await aio_pika.connect(RABBITMQ_URL)
+    channel = await connection.channel()
+    ex = await channel.declare_exchange(exchange, aio_pika.ExchangeType.TOPIC, durable=True)
+    queue = await channel.declare_queue(f"{exchange}.q", durable=False, auto_delete=False)
+    await queue.bind(ex, "#")
+    return connection, queue
+
+
+async def drain_queue(queue: Any) -> list[Any]:
+    got = []
+    while (message := await queue.get(no_ack=True, fail=False)) is not None:
+        got.append(message)
+    return got
+
+
+async def test_flows_emit_through_the_outbox_to_a_real_redis_stream_and_rabbitmq_queue(
     pg: PostgresStores, prefix: str
 ) -> None:
-    """R5.6: journal outbox → publisher → Redis → a consumer reading it, in one process."""
-    broker = RedisStreamsPublisher(REDIS_URL, prefix=f"{prefix}:")
+    """R5.6: journal outbox → publisher → Redis and RabbitMQ → consumers reading them, in
+    one process."""
+    exchange = f"{prefix}.events"
+    connection, queue = await rabbit_queue(exchange)
+    broker = FanOutPublisher(
+        RedisStreamsPublisher(REDIS_URL, prefix=f"{prefix}:"),
+        RabbitMQPublisher(RABBITMQ_URL, exchange=exchange),
+    )
+    try:
+        await _run_and_check(pg, prefix, broker, queue)
+    finally:
+        await queue.delete(if_unused=False, if_empty=False)
+        channel = await connection.channel()
+        await channel.exchange_delete(exchange)
+        await connection.close()
+
+
+async def _run_and_check(pg: PostgresStores, prefix: str, broker: Any, queue: Any) -> None:
     async with flowx.FlowHost(store=pg, flows=[order_flow], publisher=broker) as host:
         handles = [await host.start(order_flow, Order(order_id=f"o{i}")) for i in range(30)]
         await asyncio.gather(*(h.result() for h in handles))
@@ -74,6 +116,19 @@ async def test_flows_emit_through_the_outbox_to_a_real_redis_stream(
             assert [json.loads(g["payload"])["n"] for g in got] == [1, 2, 3]
             assert all(json.loads(g["payload"])["card"] == "[redacted]" for g in got)
             assert {g["type"] for g in got} == {"shop.order_event"}
+        # The RabbitMQ consumer: every event once, byte for byte, each key in order.
+        messages = await drain_queue(queue)
+        staged_all = {
+            e.event_id: e for h in handles for e in await pg.journal.events(h.instance_id)
+        }
+        assert sorted(m.message_id for m in messages) == sorted(staged_all)
+        per_key: dict[str, list[int]] = {}
+        for m in messages:
+            e = staged_all[m.message_id]
+            assert m.body.decode() == e.payload
+            assert m.headers["partition_key"] == e.partition_key
+            per_key.setdefault(e.partition_key or "", []).append(json.loads(m.body)["n"])
+        assert per_key == {f"o{i}": [1, 2, 3] for i in range(30)}
 
 
 @pytest.mark.crash

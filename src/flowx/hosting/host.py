@@ -334,7 +334,15 @@ class FlowHost:
                 self.recovery.run_forever(self._stop), name="flowx-recovery"
             )
         if self.outbox is not None and self._outbox_task is None:
-            await self.outbox.publisher.open()
+            try:
+                await self.outbox.publisher.open()
+            except Exception as exc:
+                # A broker that is down stops nothing (SPEC §8): the loop retries it.
+                log.warning(
+                    "broker %s unreachable at start-up (%r); events wait in the outbox",
+                    self.outbox.publisher.name,
+                    exc,
+                )
             self._outbox_stop = asyncio.Event()
             self._outbox_task = asyncio.get_running_loop().create_task(
                 self.outbox.run(self._outbox_stop), name="flowx-outbox"
