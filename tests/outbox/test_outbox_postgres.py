@@ -21,8 +21,8 @@ from flowx.outbox import (
     RedisStreamsPublisher,
 )
 from flowx.stores.postgres import PostgresStores
-from flowx.stores.records import EventWrite, NewInstance, StepCommit, StepWrite
-from flowx.testing.conformance._support import at
+from flowx.stores.records import EventWrite, NewInstance, StepCommit
+from flowx.testing.conformance._support import at, step
 from tests.outbox.flows import Order, order_flow
 from tests.postgres_support import PG_DSN
 from tests.redis_support import REDIS_URL, drop_redis_prefix
@@ -196,14 +196,7 @@ async def test_four_publishers_keep_every_key_in_order_over_50000_events(
                         instance_id=instance_id,
                         token=1,
                         now=at(c),
-                        step=StepWrite(
-                            scope="",
-                            step_id=c,
-                            attempt=1,
-                            step_name=f"s{c}",
-                            outcome=flowx.Outcome.SUCCESS,
-                            result="null",
-                        ),
+                        step=step(c),
                         events=tuple(
                             EventWrite(
                                 event_id=str(uuid.uuid4()),
@@ -283,14 +276,7 @@ async def test_a_commit_in_another_process_wakes_an_idle_publisher_by_notify(
                 instance_id=iid,
                 token=1,
                 now=at(1),
-                step=StepWrite(
-                    scope="",
-                    step_id=1,
-                    attempt=1,
-                    step_name="s1",
-                    outcome=flowx.Outcome.SUCCESS,
-                    result="null",
-                ),
+                step=step(1),
             )
         )
         assert await publisher_side.outbox.wait_staged(1.0) is False
@@ -299,14 +285,7 @@ async def test_a_commit_in_another_process_wakes_an_idle_publisher_by_notify(
                 instance_id=iid,
                 token=1,
                 now=at(2),
-                step=StepWrite(
-                    scope="",
-                    step_id=2,
-                    attempt=1,
-                    step_name="s2",
-                    outcome=flowx.Outcome.SUCCESS,
-                    result="null",
-                ),
+                step=step(2),
                 events=(
                     EventWrite(
                         event_id=str(uuid.uuid4()),
@@ -365,14 +344,7 @@ async def test_a_subscription_never_skips_an_event_a_slower_transaction_stages(
                 instance_id=ids[1],
                 token=1,
                 now=at(1),
-                step=StepWrite(
-                    scope="",
-                    step_id=1,
-                    attempt=1,
-                    step_name="s1",
-                    outcome=flowx.Outcome.SUCCESS,
-                    result="null",
-                ),
+                step=step(1),
                 events=(fast,),
             )
         )

@@ -28,7 +28,7 @@ from flowx.stores.sqlite.database import SqliteDatabase, from_text, to_text
 
 log = logging.getLogger("flowx.sqlite")
 
-_COLUMNS: Final = (
+EVENT_COLUMNS: Final = (
     "o.event_id, o.instance_id, o.sequence, o.ordinal, o.staged_seq, o.type, "
     "o.schema_version, o.partition_key, o.payload, o.published_at, o.staged_at, "
     "coalesce(o.attempts, 0), o.last_error, o.dead_at, o.dead_reason"
@@ -44,7 +44,7 @@ WITH c AS (
      LIMIT :limit
 )
 SELECT """
-    + _COLUMNS
+    + EVENT_COLUMNS
     + """
   FROM c JOIN outbox_event o ON o.staged_seq = c.staged_seq
  WHERE c.partition_key IS NULL
@@ -59,7 +59,7 @@ SELECT """
 )
 
 
-def _record(row: tuple[Any, ...]) -> EventRecord:
+def event_record(row: tuple[Any, ...]) -> EventRecord:
     return EventRecord(
         event_id=row[0],
         instance_id=row[1],
@@ -93,7 +93,7 @@ class SqliteOutbox:
 
         def take(conn: sqlite3.Connection) -> tuple[EventRecord, ...]:
             rows = conn.execute(_CANDIDATES, {"now": to_text(now), "limit": limit}).fetchall()
-            events = tuple(_record(r) for r in rows)
+            events = tuple(event_record(r) for r in rows)
             conn.executemany(
                 "UPDATE outbox_event SET claimed_by = ?, claim_until = ? WHERE staged_seq = ?",
                 [(stamp, until, e.staged_seq) for e in events],
@@ -149,11 +149,11 @@ class SqliteOutbox:
     async def dead_letters(self, *, limit: int = 100) -> Sequence[EventRecord]:
         def q(conn: sqlite3.Connection) -> Sequence[EventRecord]:
             rows = conn.execute(
-                f"SELECT {_COLUMNS} FROM outbox_event o WHERE o.dead_at IS NOT NULL "
+                f"SELECT {EVENT_COLUMNS} FROM outbox_event o WHERE o.dead_at IS NOT NULL "
                 "AND o.published_at IS NULL ORDER BY o.dead_at, o.staged_seq LIMIT ?",
                 (limit,),
             )
-            return tuple(_record(r) for r in rows)
+            return tuple(event_record(r) for r in rows)
 
         return await self._db.run(q)
 
@@ -200,11 +200,11 @@ class SqliteChanges:
             if row is None:
                 raise UnknownConsumer(consumer)
             rows = conn.execute(
-                f"SELECT {_COLUMNS} FROM outbox_event o WHERE o.staged_seq > ? "
+                f"SELECT {EVENT_COLUMNS} FROM outbox_event o WHERE o.staged_seq > ? "
                 "ORDER BY o.staged_seq LIMIT ?",
                 (row[0], limit),
             ).fetchall()
-            events = tuple(_record(r) for r in rows)
+            events = tuple(event_record(r) for r in rows)
             return ChangeBatch(
                 consumer=consumer,
                 events=events,

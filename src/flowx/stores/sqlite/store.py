@@ -30,7 +30,7 @@ from flowx.stores.records import (
     StepRecord,
 )
 from flowx.stores.sqlite.database import SqliteDatabase, from_text, to_text
-from flowx.stores.sqlite.outbox import SqliteChanges, SqliteOutbox
+from flowx.stores.sqlite.outbox import EVENT_COLUMNS, SqliteChanges, SqliteOutbox, event_record
 
 _INSTANCE_COLUMNS: Final = (
     "instance_id, flow_id, flow_version, state, fence, next_sequence, input, state_bag, "
@@ -41,10 +41,6 @@ _INSTANCE_COLUMNS: Final = (
 _STEP_COLUMNS: Final = (
     "instance_id, scope, step_id, attempt, sequence, step_name, outcome, result, "
     "capability_id, capability_version, nondeterministic, duration_ms, committed_at"
-)
-_EVENT_COLUMNS: Final = (
-    "event_id, instance_id, sequence, ordinal, staged_seq, type, schema_version, "
-    "partition_key, payload, published_at"
 )
 
 _SELECT_INSTANCE: Final = f"SELECT {_INSTANCE_COLUMNS} FROM flow_instance WHERE instance_id = ?"
@@ -95,21 +91,6 @@ def _step(row: tuple[Any, ...]) -> StepRecord:
         nondeterministic=row[10],
         duration_ms=row[11],
         committed_at=from_text(row[12]),
-    )
-
-
-def _event(row: tuple[Any, ...]) -> EventRecord:
-    return EventRecord(
-        event_id=row[0],
-        instance_id=row[1],
-        sequence=row[2],
-        ordinal=row[3],
-        staged_seq=row[4],
-        type=row[5],
-        schema_version=row[6],
-        partition_key=row[7],
-        payload=row[8],
-        published_at=from_text(row[9]) if row[9] else None,
     )
 
 
@@ -336,11 +317,11 @@ class SqliteJournal:
     async def events(self, instance_id: str) -> Sequence[EventRecord]:
         def q(conn: sqlite3.Connection) -> Sequence[EventRecord]:
             rows = conn.execute(
-                f"SELECT {_EVENT_COLUMNS} FROM outbox_event WHERE instance_id = ? "
+                f"SELECT {EVENT_COLUMNS} FROM outbox_event o WHERE o.instance_id = ? "
                 "ORDER BY staged_seq",  # outbox_event_instance_idx
                 (instance_id,),
             )
-            return tuple(_event(r) for r in rows)
+            return tuple(event_record(r) for r in rows)
 
         return await self._db.run(q)
 
