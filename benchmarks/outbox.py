@@ -1,8 +1,8 @@
 """Outbox throughput and lag on PostgreSQL with Redis Streams as the broker (SPEC §5).
 
-* **drain**: N events are staged (through the journal's own commit, 10 events a commit), then
-  1 or 4 publishers drain them to Redis; events/s is N over the time from the first claim to
-  the last acknowledgement.
+* **drain**: N events over ``--keys`` partition keys (16 by default) are staged (through
+  the journal's own commit, 10 events a commit), then 1 or 4 publishers drain them to Redis;
+  events/s is N over the time from the first claim to the last acknowledgement.
 * **lag**: events are staged at a steady rate while publishers drain; a consumer reads the
   streams with XREAD BLOCK, and the lag of each event is the time from the start of its
   staging commit to the consumer reading it. "woken" runs the publisher beside the stager,
@@ -21,6 +21,7 @@ import asyncio
 import json
 import os
 import platform
+import sys
 import time
 import uuid
 from datetime import UTC, datetime
@@ -170,6 +171,71 @@ async def drain(events: int, publishers: int) -> dict[str, Any]:
         await drop_streams(prefix)
 
 
+async def drain_worker(schema: str, prefix: str, owner: str) -> None:
+    """One publisher process of the multi-process drain: publish until nothing is pending."""
+    stores = PostgresStores(PG, schema=schema)
+    await stores.open()
+    relay = OutboxPublisher(stores.outbox, RedisStreamsPublisher(REDIS, prefix=prefix), owner=owner)
+    total = 0
+    try:
+        while True:
+            total += await relay.drain()
+            if not await stores.outbox.pending_count():
+                break
+    finally:
+        await relay.publisher.close()
+        await stores.close()
+    print(json.dumps({"owner": owner, "published": total}))
+
+
+async def drain_processes(events: int, processes: int) -> dict[str, Any]:
+    """The drain with each publisher in a process of its own, as workers would run."""
+    schema = "flowx_bench_outbox"
+    stores = await fresh(schema)
+    prefix = f"bench-outbox-{uuid.uuid4().hex[:6]}:"
+    try:
+        stager = Stager(stores, 200)
+        await stager.create()
+        per = events // EVENTS_PER_COMMIT // len(stager.ids)
+
+        async def run_instance(iid: str) -> None:
+            for _ in range(per):
+                await stager.commit(iid)
+
+        await asyncio.gather(*(run_instance(i) for i in stager.ids))
+        staged = await stores.outbox.pending_count()
+        started = time.perf_counter()
+        procs = [
+            await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "benchmarks.outbox",
+                "--drain-worker",
+                schema,
+                prefix,
+                f"p{n}",
+                stdout=asyncio.subprocess.PIPE,
+            )
+            for n in range(processes)
+        ]
+        outs = [json.loads((await p.communicate())[0]) for p in procs]
+        elapsed = time.perf_counter() - started
+        counts = [o["published"] for o in outs]
+        return {
+            "mode": "drain",
+            "publishers": f"{processes} processes",
+            "events": staged,
+            "seconds": round(elapsed, 2),
+            "events_per_s": round(sum(counts) / elapsed),
+            "published": sum(counts),
+            "per_publisher": counts,
+            "note": "includes each process's start-up and connection time",
+        }
+    finally:
+        await stores.close()
+        await drop_streams(prefix)
+
+
 async def lag(rate: int, seconds: float, publishers: int, woken: bool) -> dict[str, Any]:
     from redis import asyncio as aioredis
 
@@ -265,14 +331,31 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 async def main() -> None:
+    global KEYS
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--events", type=int, default=100_000)
     ap.add_argument("--rate", type=int, default=2_000)
     ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument(
+        "--drain-worker", nargs=3, metavar=("SCHEMA", "PREFIX", "OWNER"), help=argparse.SUPPRESS
+    )
+    ap.add_argument("--keys", type=int, default=KEYS, help="partition keys (default 16)")
+    ap.add_argument("--only", choices=["drain", "lag"], default=None)
     args = ap.parse_args()
-    rows = [await drain(args.events, 1), await drain(args.events, 4)]
-    for publishers, woken in ((1, True), (1, False), (4, True)):
-        rows.append(await lag(args.rate, args.seconds, publishers, woken))
+    if args.drain_worker:
+        await drain_worker(*args.drain_worker)
+        return
+    KEYS = args.keys
+    rows = []
+    if args.only in (None, "drain"):
+        rows += [
+            await drain(args.events, 1),
+            await drain(args.events, 4),
+            await drain_processes(args.events, 4),
+        ]
+    if args.only in (None, "lag"):
+        for publishers, woken in ((1, True), (1, False), (4, True)):
+            rows.append(await lag(args.rate, args.seconds, publishers, woken))
     RESULTS.mkdir(exist_ok=True)
     out = {
         "benchmark": "outbox",
@@ -285,7 +368,8 @@ async def main() -> None:
         "batch_size": 500,
         "results": rows,
     }
-    (RESULTS / "outbox.json").write_text(json.dumps(out, indent=2) + "\n")
+    name = "outbox.json" if KEYS == 16 and args.only is None else f"outbox-{KEYS}keys.json"
+    (RESULTS / name).write_text(json.dumps(out, indent=2) + "\n")
     print(table(rows))
 
 
