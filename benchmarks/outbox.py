@@ -119,23 +119,27 @@ async def drop_streams(prefix: str) -> None:
     await client.aclose()
 
 
+async def stage_all(stores: PostgresStores, events: int) -> float:
+    """Stage ``events`` through 200 instances committing concurrently; the seconds it took."""
+    stager = Stager(stores, 200)
+    await stager.create()
+    per = events // EVENTS_PER_COMMIT // len(stager.ids)
+
+    async def run_instance(iid: str) -> None:
+        for _ in range(per):
+            await stager.commit(iid)
+
+    t = time.perf_counter()
+    await asyncio.gather(*(run_instance(i) for i in stager.ids))
+    return time.perf_counter() - t
+
+
 async def drain(events: int, publishers: int) -> dict[str, Any]:
     schema = "flowx_bench_outbox"
     stores = await fresh(schema)
     prefix = f"bench-outbox-{uuid.uuid4().hex[:6]}:"
     try:
-        stager = Stager(stores, 200)
-        await stager.create()
-        commits = events // EVENTS_PER_COMMIT
-        per = commits // len(stager.ids)
-
-        async def run_instance(iid: str) -> None:
-            for _ in range(per):
-                await stager.commit(iid)
-
-        t = time.perf_counter()
-        await asyncio.gather(*(run_instance(i) for i in stager.ids))
-        staging_s = time.perf_counter() - t
+        staging_s = await stage_all(stores, events)
         staged = await stores.outbox.pending_count()
         relays = [
             OutboxPublisher(
@@ -194,15 +198,7 @@ async def drain_processes(events: int, processes: int) -> dict[str, Any]:
     stores = await fresh(schema)
     prefix = f"bench-outbox-{uuid.uuid4().hex[:6]}:"
     try:
-        stager = Stager(stores, 200)
-        await stager.create()
-        per = events // EVENTS_PER_COMMIT // len(stager.ids)
-
-        async def run_instance(iid: str) -> None:
-            for _ in range(per):
-                await stager.commit(iid)
-
-        await asyncio.gather(*(run_instance(i) for i in stager.ids))
+        await stage_all(stores, events)
         staged = await stores.outbox.pending_count()
         started = time.perf_counter()
         procs = [
