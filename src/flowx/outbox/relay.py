@@ -49,6 +49,7 @@ class OutboxPublisher:
         max_backoff: float = 10.0,
         clock: Clock | None = None,
         owner: str | None = None,
+        dead_letters_hold_keys: bool = False,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
@@ -63,6 +64,8 @@ class OutboxPublisher:
         self.poll_interval = poll_interval
         self.retry_backoff = retry_backoff
         self.max_backoff = max_backoff
+        #: R5.5 "unless configured to": a dead letter keeps its key waiting until resent.
+        self.dead_letters_hold_keys = dead_letters_hold_keys
         self._clock = clock or SystemClock()
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{publisher.name}"
         self._wake = asyncio.Event()
@@ -77,7 +80,12 @@ class OutboxPublisher:
     async def publish_once(self) -> Round:
         """One round: claim, publish, mark — one transaction where the store has them."""
         now = self._clock.now()
-        async with self._outbox.claim(limit=self.batch_size, now=now, owner=self.owner) as claim:
+        async with self._outbox.claim(
+            limit=self.batch_size,
+            now=now,
+            owner=self.owner,
+            dead_letters_hold_keys=self.dead_letters_hold_keys,
+        ) as claim:
             events = claim.events
             if not events:
                 return Round(0, 0)

@@ -202,10 +202,12 @@ class OutboxStore(Protocol):
     """**Protocol:** the publisher's side of the transactional outbox (SPEC §5)."""
 
     def claim(
-        self, *, limit: int, now: datetime, owner: str
+        self, *, limit: int, now: datetime, owner: str, dead_letters_hold_keys: bool = False
     ) -> AbstractAsyncContextManager[OutboxClaim]:
         """Claim up to ``limit`` pending events (fewer when keys are held by older siblings
-        another publisher has claimed). ``owner`` names the publisher in the store."""
+        another publisher has claimed). ``owner`` names the publisher in the store. With
+        ``dead_letters_hold_keys`` a dead letter holds its key like a pending event until it
+        is resent (R5.5's "unless configured to")."""
         ...
 
     async def pending_count(self) -> int:

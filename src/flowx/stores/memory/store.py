@@ -277,13 +277,19 @@ class MemoryOutbox:
         self._claimed: set[str] = set()
 
     @contextlib.asynccontextmanager
-    async def claim(self, *, limit: int, now: datetime, owner: str) -> AsyncIterator[ClaimOutcome]:
+    async def claim(
+        self, *, limit: int, now: datetime, owner: str, dead_letters_hold_keys: bool = False
+    ) -> AsyncIterator[ClaimOutcome]:
         taken: list[EventRecord] = []
         held: set[str] = set()
         for e in self._d.events:
-            if e.published_at is not None or e.dead_at is not None:
-                continue
             key = e.partition_key
+            if e.published_at is None and e.dead_at is not None:
+                if dead_letters_hold_keys and key is not None:
+                    held.add(key)
+                continue
+            if e.published_at is not None:
+                continue
             if key is not None and key in held:
                 continue
             if e.event_id in self._claimed or len(taken) >= limit:

@@ -58,7 +58,7 @@ SELECT """
     OR NOT EXISTS (
         SELECT 1 FROM outbox_event p
          WHERE p.partition_key = c.partition_key
-           AND p.published_at IS NULL AND p.dead_at IS NULL
+           AND p.published_at IS NULL AND (p.dead_at IS NULL OR %(hold)s)
            AND p.staged_seq < c.staged_seq
            AND p.event_id NOT IN (SELECT event_id FROM claimed))
  ORDER BY c.staged_seq
@@ -114,10 +114,13 @@ class PostgresOutbox:
         await self._listener.close()
 
     @contextlib.asynccontextmanager
-    async def claim(self, *, limit: int, now: datetime, owner: str) -> AsyncIterator[ClaimOutcome]:
+    async def claim(
+        self, *, limit: int, now: datetime, owner: str, dead_letters_hold_keys: bool = False
+    ) -> AsyncIterator[ClaimOutcome]:
+        params = {"limit": limit, "hold": dead_letters_hold_keys}
         async with self._db.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
-            rows = await (await cur.execute(CLAIM, {"limit": limit}, prepare=True)).fetchall()
+            rows = await (await cur.execute(CLAIM, params, prepare=True)).fetchall()
             outcome = ClaimOutcome(events=tuple(event_record(r) for r in rows))
             yield outcome
             if outcome.acknowledged:

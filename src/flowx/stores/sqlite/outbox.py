@@ -51,7 +51,7 @@ SELECT """
     OR NOT EXISTS (
         SELECT 1 FROM outbox_event p
          WHERE p.partition_key = c.partition_key
-           AND p.published_at IS NULL AND p.dead_at IS NULL
+           AND p.published_at IS NULL AND (p.dead_at IS NULL OR :hold)
            AND p.staged_seq < c.staged_seq
            AND p.staged_seq NOT IN (SELECT staged_seq FROM c))
  ORDER BY o.staged_seq
@@ -87,12 +87,16 @@ class SqliteOutbox:
         self._claim_ttl = claim_ttl
 
     @contextlib.asynccontextmanager
-    async def claim(self, *, limit: int, now: datetime, owner: str) -> AsyncIterator[ClaimOutcome]:
+    async def claim(
+        self, *, limit: int, now: datetime, owner: str, dead_letters_hold_keys: bool = False
+    ) -> AsyncIterator[ClaimOutcome]:
         stamp = f"{owner}/{uuid.uuid4().hex}"
         until = to_text(now + self._claim_ttl)
 
         def take(conn: sqlite3.Connection) -> tuple[EventRecord, ...]:
-            rows = conn.execute(_CANDIDATES, {"now": to_text(now), "limit": limit}).fetchall()
+            rows = conn.execute(
+                _CANDIDATES, {"now": to_text(now), "limit": limit, "hold": dead_letters_hold_keys}
+            ).fetchall()
             events = tuple(event_record(r) for r in rows)
             conn.executemany(
                 "UPDATE outbox_event SET claimed_by = ?, claim_until = ? WHERE staged_seq = ?",

@@ -122,6 +122,22 @@ class OutboxConformance:
             await stores.outbox.retry_dead_letter("00000000-0000-0000-0000-000000000000") is False
         )
 
+    async def test_a_dead_letter_can_be_made_to_hold_its_key(self, stores: Any) -> None:
+        """R5.5's "unless configured to": the key waits until the dead letter is resent."""
+        staged = await stage(stores, ["a", "a", "b"])
+        async with stores.outbox.claim(limit=1, now=at(100), owner="p1") as claim:
+            claim.refused(staged[0].event_id, reason="rejected", dead=True)
+        async with stores.outbox.claim(
+            limit=10, now=at(101), owner="p1", dead_letters_hold_keys=True
+        ) as claim:
+            assert ids(claim.events) == [staged[2].event_id]  # "a" waits, "b" goes
+            claim.published(1)
+        assert await stores.outbox.retry_dead_letter(staged[0].event_id)
+        async with stores.outbox.claim(
+            limit=10, now=at(102), owner="p1", dead_letters_hold_keys=True
+        ) as claim:
+            assert ids(claim.events) == ids(staged[:2])
+
     async def test_published_out_of_range_is_refused(self, stores: Any) -> None:
         await stage(stores, ["a"])
         async with stores.outbox.claim(limit=10, now=at(100), owner="p1") as claim:
