@@ -29,6 +29,7 @@ async def host_factory(clock: FakeClock, memory_store: object) -> AsyncIterator[
         kw.setdefault("store", memory_store)
         kw.setdefault("clock", clock)
         kw.setdefault("recovery", False)
+        kw.setdefault("timers", False)  # tests sweep with host.timers.run_once()
         host = flowx.FlowHost(flows=flows, **kw)  # type: ignore[arg-type]
         await host.open()
         hosts.append(host)

@@ -7,9 +7,10 @@ dies, another node's recovery scan finishes its instances from the last commit.
 Everything a user needs is importable from here; ``__all__`` is the contract.
 """
 
+from flowx import metrics
 from flowx.capability import Capability, CapabilityRegistry, capability
 from flowx.clock import Clock, SystemClock
-from flowx.engine import RunResult, StepContext
+from flowx.engine import CompensationAlert, RunResult, StepContext
 from flowx.errors import (
     CapabilityNotFound,
     DurabilityNotConfigured,
@@ -26,11 +27,16 @@ from flowx.errors import (
     SettingsError,
 )
 from flowx.hosting import (
+    AlertSink,
     DurableLease,
     FlowHandle,
     FlowHost,
     HostSettings,
+    LoggingAlertSink,
+    RecordingAlertSink,
     RecoveryScanResult,
+    ReplayPlan,
+    TimerService,
     from_url,
     memory,
     postgres,
@@ -53,6 +59,7 @@ from flowx.plan import Durable, Ephemeral, Plan, Profile, Retry, event, flow
 from flowx.stores.errors import (
     DuplicateStep,
     FencedOut,
+    InstanceFinished,
     JournalUnavailable,
     LeaseLost,
     LeaseUnavailable,
@@ -60,15 +67,17 @@ from flowx.stores.errors import (
     SchemaTooNew,
     StoreError,
 )
-from flowx.stores.records import InstanceState, Outcome
+from flowx.stores.records import InstanceState, Outcome, SignalReceipt
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AlertSink",
     "Capability",
     "CapabilityNotFound",
     "CapabilityRegistry",
     "Clock",
+    "CompensationAlert",
     "DuplicateStep",
     "DurabilityNotConfigured",
     "Durable",
@@ -85,11 +94,13 @@ __all__ = [
     "HostSettings",
     "IdempotencyConflict",
     "InputInvalid",
+    "InstanceFinished",
     "InstanceNotFound",
     "InstanceState",
     "JournalUnavailable",
     "LeaseLost",
     "LeaseUnavailable",
+    "LoggingAlertSink",
     "NatsJetStreamPublisher",
     "NonDeterminismError",
     "NonRetryableError",
@@ -102,23 +113,28 @@ __all__ = [
     "PublishFailure",
     "PublishResult",
     "RabbitMQPublisher",
+    "RecordingAlertSink",
     "RecordingPublisher",
     "RecoveryScanResult",
     "RedisStreamsPublisher",
+    "ReplayPlan",
     "Retry",
     "RunResult",
     "SchemaTooNew",
     "SerialisationError",
     "SettingsError",
+    "SignalReceipt",
     "StepContext",
     "StoreError",
     "SystemClock",
+    "TimerService",
     "__version__",
     "capability",
     "event",
     "flow",
     "from_url",
     "memory",
+    "metrics",
     "postgres",
     "redis_leases",
     "sqlite",

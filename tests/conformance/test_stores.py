@@ -20,6 +20,7 @@ from flowx.testing.conformance import (
     LeaseStoreConformance,
     OutboxConformance,
     RecoveryIndexConformance,
+    WaitStoreConformance,
 )
 from tests.postgres_support import PG_DSN
 from tests.redis_support import REDIS_URL, drop_redis_prefix
@@ -85,4 +86,8 @@ class TestOutbox(OutboxConformance):
 
 
 class TestChangeFeed(ChangeFeedConformance):
+    pass
+
+
+class TestWaitStore(WaitStoreConformance):
     pass

@@ -1,4 +1,5 @@
-"""The hot queries are served by the indexes built for them, with no sort (R3.4, R5.2, R2.8).
+"""The hot queries are served by the indexes built for them, with no sort (R3.4, R5.2, R2.8,
+R2.11).
 
 One journal per module, with 100,000 instances (mostly Completed, some idle Running, some
 Pending, some Suspended), a few instances' histories committed interleaved (as concurrent
@@ -25,6 +26,7 @@ from flowx.stores.postgres.store import (
     RESUME_READ_PLAN,
     SELECT_STEPS,
 )
+from flowx.stores.postgres.waits import FIND_DUE, NEXT_WAKE
 from flowx.testing.conformance._support import T0
 from tests.postgres.support import (
     connect,
@@ -280,3 +282,48 @@ def test_the_resume_read_returns_rows_in_commit_order(journal: Journal) -> None:
     with connect(journal.schema) as conn:
         rows = conn.execute(SELECT_STEPS, (journal.history_id,)).fetchall()
     assert [r[4] for r in rows] == list(range(1, STEPS_EACH + 1))
+
+
+@PLANS
+@pytest.mark.parametrize("due_after", [50_000, 1_000_000], ids=["half-due", "all-due"])
+def test_the_timer_scan_reads_the_wake_index_in_wake_order(
+    journal: Journal, generic: bool, due_after: int
+) -> None:
+    """R2.11: the due list (Suspended, wake_at <= now, earliest first, bounded) is a range
+    scan of flow_instance_wake_idx, whether some or all of the sleepers are due; no sort."""
+    plan = explain(
+        journal.schema, FIND_DUE, (T0 + timedelta(seconds=due_after), 100), generic=generic
+    )
+    assert_served_by(plan, "flow_instance_wake_idx")
+
+
+@PLANS
+def test_the_next_wake_reads_the_first_entry_of_the_wake_index(
+    journal: Journal, generic: bool
+) -> None:
+    """R2.11: the earliest wake of any Suspended instance is one probe of
+    flow_instance_wake_idx, not an aggregate over the table."""
+    plan = explain(journal.schema, NEXT_WAKE, (), generic=generic)
+    assert_served_by(plan, "flow_instance_wake_idx")
+    assert "Seq Scan" not in node_types(plan)
+
+
+def test_the_timer_scan_returns_due_sleepers_earliest_first(journal: Journal) -> None:
+    """R2.11: whatever the plan, only due Suspended rows, in wake_at order, at most the limit,
+    starting from the earliest."""
+    now = T0 + timedelta(seconds=50_000)
+    with connect(journal.schema) as conn:
+        rows = conn.execute(FIND_DUE, (now, 100)).fetchall()
+        wake_of = dict(
+            conn.execute(
+                "SELECT instance_id::text, wake_at FROM flow_instance "
+                "WHERE instance_id = ANY(%s::uuid[])",
+                ([r[0] for r in rows],),
+            ).fetchall()
+        )
+        first = conn.execute(NEXT_WAKE).fetchone()
+    wakes = [wake_of[str(r[0])] for r in rows]
+    assert len(rows) == 100
+    assert {r[3] for r in rows} == {"Suspended"}
+    assert wakes == sorted(wakes) and wakes[-1] <= now
+    assert first is not None and wakes[0] == first[0]

@@ -152,6 +152,7 @@ async def test_group_committed_payloads_are_stored_byte_for_byte(
         ("flow_step", "result"),
         ("flow_step", "nondeterministic"),
         ("outbox_event", "payload"),
+        ("flow_signal", "payload"),
     ],
 )
 async def test_payload_columns_are_json_not_jsonb(
@@ -410,6 +411,43 @@ async def test_state_bag_sequence_and_wake_columns_exist(pg_schema: Callable[[],
     assert cols["wake_scope"] == ("text", "YES")
     assert cols["next_sequence"][0] == "bigint"
     assert record is not None and record.state_bag_sequence == 2
+
+
+async def test_signal_and_replay_columns_and_the_inbox_table(pg_schema: Callable[[], str]) -> None:
+    """R2.10 (0007): wake_signal and replay_sequence are nullable (the previous release is
+    untouched); flow_signal holds the inbox, one row per (instance, name, key) when a key is
+    given, and goes with its instance."""
+    schema = pg_schema()
+    async with open_stores(schema) as stores:
+        iid = (await stores.journal.create(instance(), token=1, now=at(0))).instance.instance_id
+        await stores.waits.signal(iid, "go", '{"a": 1}', key="k", now=at(1))
+        await stores.waits.signal(iid, "go", '{"a": 2}', key=None, now=at(2))
+        await stores.waits.signal(iid, "go", '{"a": 3}', key=None, now=at(3))
+        with connect(schema) as conn:
+            cols = columns(conn, "flow_instance")
+            inbox = columns(conn, "flow_signal")
+            with pytest.raises(psycopg.errors.UniqueViolation):
+                conn.execute(
+                    "INSERT INTO flow_signal (instance_id, name, key, payload, received_at) "
+                    "VALUES (%s, 'go', 'k', '{}', now())",
+                    (iid,),
+                )
+            assert conn.execute("SELECT count(*) FROM flow_signal").fetchone() == (3,)
+            assert _foreign_keys(conn, "flow_signal") != []
+            conn.execute("DELETE FROM flow_instance WHERE instance_id = %s", (iid,))
+            assert conn.execute("SELECT count(*) FROM flow_signal").fetchone() == (0,)
+    assert cols["wake_signal"] == ("text", "YES")
+    assert cols["replay_sequence"] == ("bigint", "YES")
+    assert cols["resume_from_step"] == ("integer", "YES")
+    assert {k: v[0] for k, v in inbox.items()} == {
+        "seq": "bigint",
+        "instance_id": "uuid",
+        "name": "text",
+        "key": "text",
+        "payload": "json",
+        "received_at": "timestamp with time zone",
+    }
+    assert inbox["key"][1] == "YES"
 
 
 async def test_suspended_instances_have_a_partial_wake_index(pg_schema: Callable[[], str]) -> None:

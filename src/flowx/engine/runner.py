@@ -7,20 +7,27 @@ capability — and anything else is executed and committed. So the frontier (wha
 derived from the rows, never stored.
 
 The loop does no I/O of its own: it commits through a ``Committer``, which the host binds to a
-journal and a lease (Durable) or to nothing (Ephemeral).
+journal and a lease (Durable) or to nothing (Ephemeral), and it waits through a ``WaitPort``
+(signals, timers, sub-flows), which only a Durable run has.
+
+A wait ends the run, not the instance: the instance is sealed ``Suspended`` at its frontier
+and the run returns ``suspended``, holding no task and no lease (R6.3). Whatever wakes it —
+a signal, its timer, its child's end — resumes it through this same loop, on any node.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from flowx import codec
 from flowx.capability import Capability, CapabilityRegistry, default_registry
@@ -36,21 +43,44 @@ from flowx.errors import (
 from flowx.plan.events import contract_of
 from flowx.plan.model import (
     NO_RETRY,
+    AwaitSignalNode,
     EmitNode,
     ForEachNode,
+    ForkNode,
     Node,
     Plan,
     Retry,
+    SleepNode,
     StepNode,
+    SubFlowNode,
     walk,
 )
 from flowx.stores.errors import FencedOut, LeaseLost
-from flowx.stores.records import EventWrite, InstanceState, Outcome, StepRecord, StepWrite
+from flowx.stores.records import (
+    CHILD_WAIT,
+    EventWrite,
+    InstanceRecord,
+    InstanceState,
+    Outcome,
+    SignalRecord,
+    StepRecord,
+    StepWrite,
+    Wake,
+)
 
 log = logging.getLogger("flowx.engine")
 
 #: Event ids are derived, so an emit re-executed after a crash stages the same id.
 EVENT_NAMESPACE = uuid.UUID("6f1c3b8e-2b0a-4c57-9d3e-4e1f0c9a7d21")
+#: Child instance ids are derived from (parent, scope, step), so a parent re-executed after a
+#: crash finds the child it already started instead of starting a second one.
+CHILD_NAMESPACE = uuid.UUID("0c5e7a1d-93f4-4b2e-8d6a-5f1b2c3d4e70")
+#: The event staged with a CompensationFailed transition: the alert, kept durably (SPEC §8).
+COMPENSATION_FAILED_EVENT = "flowx.compensation_failed"
+
+
+def child_instance_id(parent_id: str, scope: str, step_id: int) -> str:
+    return str(uuid.uuid5(CHILD_NAMESPACE, f"{parent_id}/{scope}/{step_id}"))
 
 
 class Committer(Protocol):
@@ -65,10 +95,66 @@ class Committer(Protocol):
         state: InstanceState | None = None,
         error: str | None = None,
         events: tuple[EventWrite, ...] = (),
+        notify_parent: bool = False,
     ) -> Awaitable[None]: ...
 
 
-RunOutcome = Literal["completed", "failed", "compensation_failed", "aborted", "yielded"]
+class WaitPort(Protocol):
+    """**Protocol:** what a run needs to wait: the signal inbox, the seal, the child it waits
+    for. The host binds it to the stores and the run's lease; the seal is fenced like a
+    commit, and raises ``FencedOut``/``LeaseLost`` the same way."""
+
+    async def signals(self, name: str) -> Sequence[SignalRecord]: ...
+
+    async def suspend(
+        self, wake: Wake, *, state_bag: str, consumed: tuple[int, ...], child: str | None
+    ) -> bool: ...
+
+    async def child(self, instance_id: str) -> InstanceRecord | None: ...
+
+    async def start_child(
+        self, node: SubFlowNode, child_id: str, input_value: BaseModel, scope: str
+    ) -> None: ...
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CompensationAlert:
+    """Raised once when an instance ends ``CompensationFailed`` (SPEC §8): which compensation
+    ran out of attempts, and what it said last. Fix the fault, then ``flowx replay``."""
+
+    flow_id: str
+    flow_version: str
+    instance_id: str
+    tenant_id: str | None
+    step: str
+    scope: str
+    capability: str
+    attempts: int
+    last_error: dict[str, Any]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "flow_id": self.flow_id,
+            "flow_version": self.flow_version,
+            "instance_id": self.instance_id,
+            "tenant_id": self.tenant_id,
+            "step": self.step,
+            "scope": self.scope,
+            "capability": self.capability,
+            "attempts": self.attempts,
+            "last_error": self.last_error,
+        }
+
+
+RunOutcome = Literal[
+    "completed",
+    "failed",
+    "timed_out",
+    "compensation_failed",
+    "aborted",
+    "yielded",
+    "suspended",
+]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -82,12 +168,17 @@ class RunResult:
     abort_reason: str | None = None
     executed: int = 0
     replayed: int = 0
+    #: A suspended run: when its timer is due (``None``: only a signal or a child wakes it).
+    wake_at: datetime | None = None
+    #: A run that ended CompensationFailed: what to tell the operator.
+    alert: CompensationAlert | None = None
 
     @property
     def final_state(self) -> InstanceState | None:
         return {
             "completed": InstanceState.COMPLETED,
             "failed": InstanceState.FAILED,
+            "timed_out": InstanceState.TIMED_OUT,
             "compensation_failed": InstanceState.COMPENSATION_FAILED,
         }.get(self.outcome)
 
@@ -104,6 +195,26 @@ class _Yield(Exception):
     """Raised at a step boundary when the host asks the run to hand the instance back."""
 
 
+class _Suspended(Exception):
+    """Raised once the instance is sealed at a wait: the run ends here, the instance does not."""
+
+    def __init__(self, wake_at: datetime | None) -> None:
+        super().__init__("suspended")
+        self.wake_at = wake_at
+
+
+class _DeadlineExceeded(Exception):
+    def __init__(self, node: Node, scope: str, deadline: datetime) -> None:
+        super().__init__(f"deadline {deadline.isoformat()} passed")
+        self.node = node
+        self.scope = scope
+        self.deadline = deadline
+
+
+class _Halted(Exception):
+    """A fork branch stops at its next boundary because a sibling failed."""
+
+
 class _Abort(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
@@ -116,6 +227,10 @@ class _Done:
     scope: str
     argument: Any
     result: Any
+    #: Commit order: ``(0, sequence)`` for a replayed row, ``(1, n)`` for this run's n-th
+    #: commit. Compensation runs in reverse of it, which is the order the effects happened
+    #: in even when fork branches replay in another interleaving.
+    order: tuple[int, int] = (0, 0)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -170,6 +285,11 @@ class Execution:
         on_step: Callable[[str, StepWrite], None] | None = None,
         executor: Executor | None = None,
         should_yield: Callable[[], bool] | None = None,
+        waits: WaitPort | None = None,
+        deadline_at: datetime | None = None,
+        last_wake: Wake | None = None,
+        replay_sequence: int | None = None,
+        is_child: bool = False,
     ) -> None:
         self.plan = plan
         # Asked before each new step attempt: a draining node finishes the step it is in,
@@ -188,21 +308,40 @@ class Execution:
         self.replayed = 0
         self._on_step = on_step
         self._executor = executor
+        self._waits = waits
+        self._deadline_at = deadline_at
+        # The wait this instance was last sealed at: a run that reaches the same wait again
+        # keeps its deadline instead of starting the timeout (or the sleep) over.
+        self._last_wake = last_wake
+        self._is_child = is_child
+        # Fork branches commit concurrently: commits (and the state they snapshot) take turns.
+        self._lock = asyncio.Lock()
+        self._commits = 0
+        self._halted = False
         # R4.3 hazard: a step that kills its process would be resumed for ever. Every takeover
         # without a step commit in between is counted by the journal; past the limit, the step
         # about to run is failed instead of run again.
         self._poisoned = resume_count > max_resumes
         self._resume_count = resume_count
         self._attempts: dict[tuple[str, int], _Attempts] = {}
+        #: Inbox seqs of the signals each wait has already taken, by signal name.
+        self._consumed: dict[str, set[int]] = {}
         # The last body node's success commit also completes the instance: one write fewer
         # per flow on the hot path, and no window in which the last step is in but the
         # instance is not yet Completed.
         last = plan.body[-1]
         self._final_node: Node | None = last if isinstance(last, StepNode | EmitNode) else None
         self._completed = False
-        names = {n.step_id: n.name for n in walk(plan.body)}
+        nodes = {n.step_id: n for n in walk(plan.body)}
+        # A replay (``flowx replay``) gives retry budgets afresh from ``replay_sequence`` on:
+        # the compensation's, when compensation had begun; otherwise the failed step's.
+        self._replay_sequence = replay_sequence
+        self._forward_replay = replay_sequence is not None and not any(
+            r.outcome in (Outcome.COMPENSATED, Outcome.COMPENSATION_FAILURE) for r in history
+        )
         for row in history:
-            expected = names.get(row.step_id)
+            node = nodes.get(row.step_id)
+            expected = node.name if node is not None else None
             if expected != row.step_name:
                 raise NonDeterminismError(
                     f"instance {instance_id} has a journal row for step {row.step_id} "
@@ -210,6 +349,12 @@ class Execution:
                     f"{expected!r}; a running instance's plan changed without a new version. "
                     "Deploy the old version beside the new one until its instances finish"
                 )
+            if (
+                isinstance(node, AwaitSignalNode)
+                and row.outcome is Outcome.SUCCESS
+                and (taken := codec.loads(row.result).get("seq")) is not None
+            ):
+                self._consumed.setdefault(node.signal, set()).add(int(taken))
             self._absorb(
                 (row.scope, row.step_id),
                 row.attempt,
@@ -234,31 +379,59 @@ class Execution:
     ) -> None:
         a = self._attempts.setdefault(key, _Attempts())
         a.last_attempt = max(a.last_attempt, attempt)
+        before_replay = (
+            row is not None
+            and self._replay_sequence is not None
+            and row.sequence < self._replay_sequence
+        )
         if outcome is Outcome.SUCCESS:
             a.success = row
             a.capability_version = version
         elif outcome is Outcome.FAILURE:
-            a.failures.append(codec.loads(result))
+            if not (before_replay and self._forward_replay):
+                a.failures.append(codec.loads(result))
             a.last_failure_drawn = codec.loads(drawn) if drawn else None
             a.capability_version = a.capability_version or version
         elif outcome is Outcome.COMPENSATED:
             a.compensated = True
-        else:
+        elif not before_replay:
             a.compensation_failures.append(codec.loads(result))
+
+    def _order(self, row: StepRecord | None) -> tuple[int, int]:
+        if row is not None:
+            return (0, row.sequence)
+        return (1, self._commits)
 
     async def _write(
         self,
         key: tuple[str, int],
         step: StepWrite,
         *,
-        state_bag: str | None = None,
+        apply: tuple[str | None, Any] | None = None,
+        snapshot: bool = False,
         events: tuple[EventWrite, ...] = (),
         state: InstanceState | None = None,
+        error: dict[str, Any] | None = None,
     ) -> None:
-        try:
-            await self.commit(step=step, state_bag=state_bag, events=events, state=state)
-        except (FencedOut, LeaseLost) as exc:
-            raise _Abort(str(exc)) from exc
+        """Commit one row. ``apply=(into, value)`` puts a result into the state under the
+        commit lock, so concurrent fork branches never overwrite each other's fields."""
+        async with self._lock:
+            new_state = self.state if apply is None else self._applied(*apply)
+            wants_bag = snapshot or (apply is not None and apply[0] is not None)
+            notify = self._is_child and state is not None and state.terminal
+            try:
+                await self.commit(
+                    step=step,
+                    state_bag=codec.dumps(new_state) if wants_bag else None,
+                    events=events,
+                    state=state,
+                    error=codec.dumps(error) if error is not None else None,
+                    notify_parent=notify,
+                )
+            except (FencedOut, LeaseLost) as exc:
+                raise _Abort(str(exc)) from exc
+            self.state = new_state
+            self._commits += 1
         self._absorb(
             key,
             step.attempt,
@@ -272,16 +445,46 @@ class Execution:
             self._on_step(self.instance_id, step)
 
     async def _transition(
-        self, state: InstanceState, *, error: dict[str, Any] | None = None
+        self,
+        state: InstanceState,
+        *,
+        error: dict[str, Any] | None = None,
+        events: tuple[EventWrite, ...] = (),
     ) -> None:
-        try:
-            await self.commit(
-                state=state,
-                state_bag=codec.dumps(self.state),
-                error=codec.dumps(error) if error is not None else None,
-            )
-        except (FencedOut, LeaseLost) as exc:
-            raise _Abort(str(exc)) from exc
+        async with self._lock:
+            try:
+                await self.commit(
+                    state=state,
+                    state_bag=codec.dumps(self.state),
+                    error=codec.dumps(error) if error is not None else None,
+                    events=events,
+                    notify_parent=self._is_child and state.terminal,
+                )
+            except (FencedOut, LeaseLost) as exc:
+                raise _Abort(str(exc)) from exc
+
+    async def _suspend(
+        self, node: Node, scope: str, *, at: datetime | None, signal: str | None, child: str | None
+    ) -> bool:
+        """Seal the instance at this wait; ``False`` if what it waits for is already there."""
+        assert self._waits is not None  # FLOWX1017: waits exist only in Durable flows
+        if self._deadline_at is not None:
+            at = self._deadline_at if at is None else min(at, self._deadline_at)
+        wake = Wake(step_id=node.step_id, scope=scope, at=at, signal=signal)
+        async with self._lock:
+            try:
+                sealed = await self._waits.suspend(
+                    wake,
+                    state_bag=codec.dumps(self.state),
+                    consumed=tuple(sorted(self._consumed.get(signal or "", ()))),
+                    child=child,
+                )
+            except (FencedOut, LeaseLost) as exc:
+                raise _Abort(str(exc)) from exc
+        if sealed:
+            self._last_wake = wake
+            raise _Suspended(at)
+        return False
 
     def _applied(self, into: str | None, value: Any) -> BaseModel:
         if into is None:
@@ -302,18 +505,43 @@ class Execution:
                 f"{node.capability.id}@{version}, which this node does not carry (R2.6)"
             ) from exc
 
+    def _check_deadline(self, node: Node, scope: str) -> None:
+        """SPEC §8: a flow past its deadline runs no further step; it compensates and ends
+        ``TimedOut``. Checked at every step boundary (a step already running is not cut)."""
+        if self._deadline_at is not None and self.clock.now() >= self._deadline_at:
+            raise _DeadlineExceeded(node, scope, self._deadline_at)
+
+    def _wait_until(self, node: Node, scope: str, duration: Any) -> datetime:
+        w = self._last_wake
+        if w is not None and w.step_id == node.step_id and w.scope == scope and w.at is not None:
+            return w.at
+        moment: datetime = self.clock.now() + duration
+        return moment
+
     # -- the loop ------------------------------------------------------------------------
 
     async def run(self) -> RunResult:
-        """Run to the end, or until this node loses the right to write."""
+        """Run to the end, to a wait, or until this node loses the right to write."""
         try:
             try:
                 await self._nodes(self.plan.body, "", None, has_item=False)
             except _StepFailed as failed:
-                return await self._fail(failed)
+                return await self._fail(failed.node, failed.scope, failed.error)
+            except _DeadlineExceeded as late:
+                error = error_payload(
+                    FlowXError(
+                        f"{self.plan.ref} passed its deadline ({late.deadline.isoformat()}) "
+                        f"before step {late.node.name!r}",
+                        code="flow.deadline_exceeded",
+                    ),
+                    retryable=False,
+                )
+                return await self._fail(late.node, late.scope, error, timed_out=True)
             if not self._completed:
                 await self._transition(InstanceState.COMPLETED)
             return self._result("completed")
+        except _Suspended as parked:
+            return self._result("suspended", wake_at=parked.wake_at)
         except _Yield:
             return self._result("yielded")
         except _Abort as abort:
@@ -332,34 +560,73 @@ class Execution:
             **extra,
         )
 
-    async def _fail(self, failed: _StepFailed) -> RunResult:
-        error = {**failed.error, "step": failed.node.name, "scope": failed.scope}
+    async def _fail(
+        self, node: Node, scope: str, failure: dict[str, Any], *, timed_out: bool = False
+    ) -> RunResult:
+        error = {**failure, "step": node.name, "scope": scope}
+        outcome: RunOutcome = "timed_out" if timed_out else "failed"
+        final = InstanceState.TIMED_OUT if timed_out else InstanceState.FAILED
         if any(d.node.compensate is not None for d in self.completed):
             await self._transition(InstanceState.COMPENSATING)
-            if not await self._compensate():
-                await self._transition(InstanceState.COMPENSATION_FAILED, error=error)
-                return self._result("compensation_failed", error=error)
-        await self._transition(InstanceState.FAILED, error=error)
-        return self._result("failed", error=error)
+            ended = await self._compensate(error)
+            if ended is not None:
+                alert, sealed = ended
+                error = {**error, "compensation": alert.as_dict()}
+                if not sealed:
+                    # Exhausted by rows an earlier run wrote: end it now (no event: that run
+                    # died between its last attempt and this transition, before staging one).
+                    await self._transition(InstanceState.COMPENSATION_FAILED, error=error)
+                return self._result("compensation_failed", error=error, alert=alert)
+        await self._transition(final, error=error)
+        return self._result(outcome, error=error)
+
+    def _alert_event(self, alert: CompensationAlert, attempt: int) -> EventWrite:
+        return EventWrite(
+            event_id=str(
+                uuid.uuid5(
+                    EVENT_NAMESPACE,
+                    f"{self.instance_id}/{COMPENSATION_FAILED_EVENT}/{alert.scope}/"
+                    f"{alert.step}/{attempt}",
+                )
+            ),
+            type=COMPENSATION_FAILED_EVENT,
+            schema_version="1",
+            partition_key=self.tenant_id,
+            payload=codec.dumps(alert.as_dict()),
+        )
 
     async def _nodes(
         self, nodes: tuple[Node, ...], scope: str, item: Any, *, has_item: bool
     ) -> Any:
         last: Any = None
         for node in nodes:
+            if self._halted:
+                raise _Halted
             if isinstance(node, StepNode):
                 last = await self._step(node, scope, item, has_item)
             elif isinstance(node, EmitNode):
-                last = await self._emit(node, scope)
+                last = await self._emit(node, scope, item, has_item)
             elif isinstance(node, ForEachNode):
-                last = await self._for_each(node, scope)
-            else:
+                last = await self._for_each(node, scope, item, has_item)
+            elif isinstance(node, AwaitSignalNode):
+                last = await self._await_signal(node, scope, item, has_item)
+            elif isinstance(node, SleepNode):
+                last = await self._sleep(node, scope)
+            elif isinstance(node, SubFlowNode):
+                last = await self._sub_flow(node, scope, item, has_item)
+            elif isinstance(node, ForkNode):
+                last = await self._fork(node, scope, item, has_item)
+            else:  # pragma: no cover - every node kind the builder makes is handled above
                 raise FlowXError(
                     f"{node.kind} {node.name!r} is declared in {self.plan.ref}, but this "
-                    "release of FlowX does not execute it yet",
+                    "release of FlowX does not execute it",
                     code="flow.construct_not_supported",
                 )
         return last
+
+    def _source(self, item: Any, has_item: bool) -> Any:
+        """A selector's first argument: the flow input, or the element inside a for_each."""
+        return item if has_item else self.input
 
     def _context(self, node: Node, scope: str, attempt: int, **kw: Any) -> StepContext:
         return StepContext(
@@ -378,14 +645,22 @@ class Execution:
         key = (scope, node.step_id)
         a = self._attempts.get(key) or _Attempts()
         argument = (
-            node.argument(self.input, self.state)
+            node.argument(self._source(item, has_item), self.state)
             if node.argument is not None
             else (item if has_item else self.input)
         )
         if a.success is not None:
             value = codec.loads(a.success.result)
             self.state = self._applied(node.into, value)
-            self.completed.append(_Done(node=node, scope=scope, argument=argument, result=value))
+            self.completed.append(
+                _Done(
+                    node=node,
+                    scope=scope,
+                    argument=argument,
+                    result=value,
+                    order=self._order(a.success),
+                )
+            )
             self.replayed += 1
             return value
         if self._should_yield is not None and self._should_yield():
@@ -397,10 +672,12 @@ class Execution:
         failures = list(a.failures)
         if _exhausted(failures, policy):
             raise _StepFailed(node, scope, failures[-1])
+        self._check_deadline(node, scope)
         attempt = a.last_attempt + 1
         drawn = a.last_failure_drawn
         if failures:
             await self.clock.sleep(policy.delay(len(failures)))
+            self._check_deadline(node, scope)
         if self._poisoned:
             self._poisoned = False
             error = error_payload(
@@ -420,7 +697,7 @@ class Execution:
                 raw = await cap.invoke(ctx, argument, self._executor)
                 text = codec.dumps(raw)
                 value = codec.loads(text)
-                new_state = self._applied(node.into, value)
+                self._applied(node.into, value)  # the result must fit its field
             except Exception as exc:
                 if isinstance(exc, ValidationError):
                     exc = FlowXError(
@@ -439,6 +716,7 @@ class Execution:
                 if _exhausted(failures, policy):
                     raise _StepFailed(node, scope, error) from exc
                 await self.clock.sleep(policy.delay(len(failures)))
+                self._check_deadline(node, scope)
                 attempt += 1
                 drawn = ctx.drawn()
                 continue
@@ -446,12 +724,20 @@ class Execution:
             await self._write(
                 key,
                 self._row(node, cap, scope, attempt, Outcome.SUCCESS, text, ctx, started),
-                state_bag=codec.dumps(new_state) if node.into is not None or final else None,
+                apply=(node.into, value),
+                snapshot=final,
                 state=InstanceState.COMPLETED if final else None,
             )
             self._completed = final
-            self.state = new_state
-            self.completed.append(_Done(node=node, scope=scope, argument=argument, result=value))
+            self.completed.append(
+                _Done(
+                    node=node,
+                    scope=scope,
+                    argument=argument,
+                    result=value,
+                    order=self._order(None),
+                )
+            )
             self.executed += 1
             return value
 
@@ -480,15 +766,17 @@ class Execution:
             duration_ms=int((time.monotonic() - started) * 1000) if started else 0,
         )
 
-    async def _emit(self, node: EmitNode, scope: str) -> Any:
+    async def _emit(self, node: EmitNode, scope: str, item: Any, has_item: bool) -> Any:
         key = (scope, node.step_id)
         a = self._attempts.get(key)
         if a is not None and a.success is not None:
             self.replayed += 1
             return codec.loads(a.success.result)
+        self._check_deadline(node, scope)
         attempt = (a.last_attempt if a else 0) + 1
+        source = self._source(item, has_item)
         try:
-            built = node.build(self.input, self.state)
+            built = node.build(source, self.state)
             if not isinstance(built, node.event_type):
                 raise NonRetryableError(
                     f"emit {node.name!r} built a {type(built).__name__}, not the declared "
@@ -498,7 +786,7 @@ class Execution:
             assert contract is not None  # FLOWX1024 guarantees it at build time
             payload = contract.encode(built)
             if node.partition_key is not None:
-                partition_key = node.partition_key(self.input, self.state)
+                partition_key = node.partition_key(source, self.state)
             else:
                 partition_key = self.tenant_id
         except Exception as exc:
@@ -510,7 +798,7 @@ class Execution:
         await self._write(
             key,
             self._row(node, None, scope, attempt, Outcome.SUCCESS, payload),
-            state_bag=codec.dumps(self.state) if final else None,
+            snapshot=final,
             state=InstanceState.COMPLETED if final else None,
             events=(
                 EventWrite(
@@ -526,20 +814,249 @@ class Execution:
         self.executed += 1
         return codec.loads(payload)
 
-    async def _for_each(self, node: ForEachNode, scope: str) -> Any:
-        items = list(node.items(self.input, self.state))
+    async def _for_each(self, node: ForEachNode, scope: str, item: Any, has_item: bool) -> Any:
+        items = list(node.items(self._source(item, has_item), self.state))
         collected: list[Any] = []
-        for index, item in enumerate(items):
+        for index, element in enumerate(items):
             child = f"{scope}/{index}" if scope else str(index)
-            collected.append(await self._nodes(node.body, child, item, has_item=True))
+            collected.append(await self._nodes(node.body, child, element, has_item=True))
         if node.into is not None:
             # Derived, not journaled: a replay computes the same list from the same rows.
             self.state = self._applied(node.into, collected)
         return collected
 
-    async def _compensate(self) -> bool:
-        """Undo completed steps in reverse order; ``False`` if one ran out of attempts."""
-        for done in reversed(self.completed):
+    # -- waits ---------------------------------------------------------------------------
+
+    async def _await_signal(
+        self, node: AwaitSignalNode, scope: str, item: Any, has_item: bool
+    ) -> Any:
+        """R2.10: the delivered signal becomes this step's own row, so a second delivery
+        to this wait has nowhere to go; a signal that came early waits in the inbox."""
+        key = (scope, node.step_id)
+        a = self._attempts.get(key) or _Attempts()
+        if a.success is not None:
+            self.replayed += 1
+            taken = codec.loads(a.success.result)
+            if taken.get("timed_out"):
+                return await self._nodes(node.on_timeout, scope, item, has_item=has_item)
+            self.state = self._applied(node.into, taken["payload"])
+            return taken["payload"]
+        if a.failures:
+            raise _StepFailed(node, scope, a.failures[-1])
+        self._check_deadline(node, scope)
+        assert self._waits is not None  # FLOWX1017
+        timeout_at = (
+            self._wait_until(node, scope, node.timeout) if node.timeout is not None else None
+        )
+        attempt = a.last_attempt + 1
+        consumed = self._consumed.setdefault(node.signal, set())
+        while True:
+            inbox = await self._waits.signals(node.signal)
+            arrived = next((sig for sig in inbox if sig.seq not in consumed), None)
+            if arrived is not None:
+                try:
+                    value = codec.loads(
+                        codec.dumps(TypeAdapter(node.payload_type).validate_json(arrived.payload))
+                    )
+                except ValidationError as exc:
+                    error = error_payload(
+                        FlowXError(
+                            f"signal {node.signal!r} #{arrived.seq} does not fit "
+                            f"{node.payload_type!r}: {exc.errors()[0].get('msg')}",
+                            code="signal.payload_invalid",
+                        ),
+                        retryable=False,
+                    )
+                    await self._write(
+                        key, self._row(node, None, scope, attempt, Outcome.FAILURE, error)
+                    )
+                    raise _StepFailed(node, scope, error) from exc
+                taken = {"seq": arrived.seq, "key": arrived.key, "payload": value}
+                await self._write(
+                    key,
+                    self._row(node, None, scope, attempt, Outcome.SUCCESS, taken),
+                    apply=(node.into, value),
+                    state=InstanceState.RUNNING,
+                )
+                consumed.add(arrived.seq)
+                self.executed += 1
+                return value
+            if timeout_at is not None and self.clock.now() >= timeout_at:
+                return await self._signal_timed_out(node, scope, item, has_item, attempt)
+            await self._suspend(node, scope, at=timeout_at, signal=node.signal, child=None)
+            # Not sealed: a signal arrived while we looked. Take it.
+
+    async def _signal_timed_out(
+        self, node: AwaitSignalNode, scope: str, item: Any, has_item: bool, attempt: int
+    ) -> Any:
+        key = (scope, node.step_id)
+        if node.on_timeout:
+            await self._write(
+                key,
+                self._row(
+                    node,
+                    None,
+                    scope,
+                    attempt,
+                    Outcome.SUCCESS,
+                    {"timed_out": True, "at": self.clock.now().isoformat()},
+                ),
+                state=InstanceState.RUNNING,
+            )
+            self.executed += 1
+            return await self._nodes(node.on_timeout, scope, item, has_item=has_item)
+        error = error_payload(
+            FlowXError(
+                f"no {node.signal!r} signal arrived within {node.timeout}",
+                code="signal.timed_out",
+            ),
+            retryable=False,
+        )
+        await self._write(key, self._row(node, None, scope, attempt, Outcome.FAILURE, error))
+        raise _StepFailed(node, scope, error)
+
+    async def _sleep(self, node: SleepNode, scope: str) -> Any:
+        """R2.11: parking and scheduling the wake are one write; the timer service, on any
+        node, resumes the instance when it is due (late after an outage, never not at all)."""
+        key = (scope, node.step_id)
+        a = self._attempts.get(key) or _Attempts()
+        if a.success is not None:
+            self.replayed += 1
+            return None
+        self._check_deadline(node, scope)
+        until = self._wait_until(node, scope, node.duration)
+        while self.clock.now() < until:
+            await self._suspend(node, scope, at=until, signal=None, child=None)
+        await self._write(
+            key,
+            self._row(
+                node,
+                None,
+                scope,
+                a.last_attempt + 1,
+                Outcome.SUCCESS,
+                {"slept_until": until.isoformat()},
+            ),
+            state=InstanceState.RUNNING,
+        )
+        self.executed += 1
+        return None
+
+    async def _sub_flow(self, node: SubFlowNode, scope: str, item: Any, has_item: bool) -> Any:
+        """The child is an instance of its own (its own row, lease and recovery); the parent
+        waits for it durably and its end wakes the parent in the child's last commit."""
+        key = (scope, node.step_id)
+        a = self._attempts.get(key) or _Attempts()
+        if a.success is not None:
+            value = codec.loads(a.success.result)
+            self.state = self._applied(node.into, value)
+            self.replayed += 1
+            return value
+        if a.failures:
+            raise _StepFailed(node, scope, a.failures[-1])
+        self._check_deadline(node, scope)
+        assert self._waits is not None and node.plan is not None
+        attempt = a.last_attempt + 1
+        child_id = child_instance_id(self.instance_id, scope, node.step_id)
+        while True:
+            child = await self._waits.child(child_id)
+            if child is None:
+                try:
+                    raw = node.input(self._source(item, has_item), self.state)
+                    value = (
+                        raw
+                        if isinstance(raw, node.plan.input_model)
+                        else node.plan.input_model.model_validate(raw)
+                    )
+                except Exception as exc:
+                    error = error_payload(
+                        FlowXError(
+                            f"sub_flow {node.name!r}: the input for {node.plan.ref} is not "
+                            f"valid: {exc}",
+                            code="sub_flow.input_invalid",
+                        ),
+                        retryable=False,
+                    )
+                    await self._write(
+                        key, self._row(node, None, scope, attempt, Outcome.FAILURE, error)
+                    )
+                    raise _StepFailed(node, scope, error) from exc
+                await self._waits.start_child(node, child_id, value, scope)
+                continue
+            if child.state is InstanceState.COMPLETED:
+                result = codec.loads(child.state_bag)
+                await self._write(
+                    key,
+                    self._row(node, None, scope, attempt, Outcome.SUCCESS, child.state_bag),
+                    apply=(node.into, result),
+                    state=InstanceState.RUNNING,
+                )
+                self.executed += 1
+                return result
+            if child.state.terminal:
+                error = {
+                    **error_payload(
+                        FlowXError(
+                            f"sub_flow {node.name!r}: child instance {child_id} of "
+                            f"{node.plan.ref} ended {child.state.value}",
+                            code="sub_flow.failed",
+                        ),
+                        retryable=False,
+                    ),
+                    "child_instance_id": child_id,
+                    "child_state": child.state.value,
+                    "child_error": codec.loads(child.error) if child.error else None,
+                }
+                await self._write(
+                    key, self._row(node, None, scope, attempt, Outcome.FAILURE, error)
+                )
+                raise _StepFailed(node, scope, error)
+            await self._suspend(node, scope, at=None, signal=CHILD_WAIT, child=child_id)
+
+    async def _fork(self, node: ForkNode, scope: str, item: Any, has_item: bool) -> Any:
+        """Branches run concurrently, each in a scope of its own, and join. A branch that
+        fails stops its siblings at their next boundary; then the usual path compensates
+        every step that finished, in any branch, newest first."""
+        prefix = f"{scope}/" if scope else ""
+        tasks = [
+            asyncio.get_running_loop().create_task(
+                self._nodes(branch, f"{prefix}{node.step_id}.{i}", item, has_item=has_item)
+            )
+            for i, branch in enumerate(node.branches)
+        ]
+        try:
+            _done, running = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            if running:
+                self._halted = True
+                await asyncio.wait(running)
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+        outcomes = [t.exception() if not t.cancelled() else None for t in tasks]
+        for kind in (_Abort, _Yield, _StepFailed, _DeadlineExceeded):
+            first = next((e for e in outcomes if isinstance(e, kind)), None)
+            if first is not None:
+                self._halted = False
+                raise first
+        other = next((e for e in outcomes if e is not None and not isinstance(e, _Halted)), None)
+        if other is not None:
+            raise other
+        if any(isinstance(e, _Halted) for e in outcomes):  # pragma: no cover - halted by a sibling
+            raise _Halted
+        return [t.result() for t in tasks]
+
+    # -- compensation --------------------------------------------------------------------
+
+    async def _compensate(self, error: dict[str, Any]) -> tuple[CompensationAlert, bool] | None:
+        """Undo completed steps newest first. Every attempt is a journal row.
+
+        ``None`` when all are undone; otherwise the alert for the one that ran out, and
+        whether its last attempt's commit already ended the instance: that row, the
+        ``CompensationFailed`` transition and the alert event are one write, so the alert is
+        durable exactly when the instance is terminal."""
+        for done in sorted(self.completed, key=lambda d: d.order, reverse=True):
             node, comp = done.node, done.node.compensate
             if comp is None:
                 continue
@@ -550,7 +1067,7 @@ class Execution:
             policy = node.compensate_retry
             failures = list(a.compensation_failures)
             if _exhausted(failures, policy):
-                return False
+                return self._compensation_alert(done, comp, failures), False
             attempt = a.last_attempt + 1
             while True:
                 ctx = self._context(
@@ -560,23 +1077,30 @@ class Execution:
                 try:
                     await comp.invoke(ctx, done.argument, self._executor)
                 except Exception as exc:
-                    error = error_payload(exc)
-                    failures.append(error)
-                    await self._write(
-                        key,
-                        self._row(
-                            node,
-                            comp,
-                            done.scope,
-                            attempt,
-                            Outcome.COMPENSATION_FAILURE,
-                            error,
-                            ctx,
-                            started,
-                        ),
+                    failure = error_payload(exc)
+                    failures.append(failure)
+                    row = self._row(
+                        node,
+                        comp,
+                        done.scope,
+                        attempt,
+                        Outcome.COMPENSATION_FAILURE,
+                        failure,
+                        ctx,
+                        started,
                     )
                     if _exhausted(failures, policy):
-                        return False
+                        alert = self._compensation_alert(done, comp, failures)
+                        await self._write(
+                            key,
+                            row,
+                            snapshot=True,
+                            state=InstanceState.COMPENSATION_FAILED,
+                            error={**error, "compensation": alert.as_dict()},
+                            events=(self._alert_event(alert, attempt),),
+                        )
+                        return alert, True
+                    await self._write(key, row)
                     await self.clock.sleep(policy.delay(len(failures)))
                     attempt = self._attempts[key].last_attempt + 1
                     continue
@@ -588,4 +1112,19 @@ class Execution:
                 )
                 self.executed += 1
                 break
-        return True
+        return None
+
+    def _compensation_alert(
+        self, done: _Done, comp: Capability, failures: list[dict[str, Any]]
+    ) -> CompensationAlert:
+        return CompensationAlert(
+            flow_id=self.plan.flow_id,
+            flow_version=self.plan.version,
+            instance_id=self.instance_id,
+            tenant_id=self.tenant_id,
+            step=done.node.name,
+            scope=done.scope,
+            capability=comp.ref,
+            attempts=len(failures),
+            last_error=failures[-1],
+        )

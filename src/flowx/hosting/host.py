@@ -1,9 +1,9 @@
 """``FlowHost``: one node. It wires a backend into the engine and runs instances.
 
 It starts instances (lease first, R3.3), executes them in tasks, renews their leases, runs
-the recovery scan, and drains on exit: stop taking work, let in-flight steps finish within
-``shutdown_drain_timeout``, release every lease explicitly so a peer need not wait a TTL
-(R7.2).
+the recovery scan and the timer service, delivers signals, and drains on exit: stop taking
+work, let in-flight steps finish within ``shutdown_drain_timeout``, release every lease
+explicitly so a peer need not wait a TTL (R7.2).
 """
 
 from __future__ import annotations
@@ -21,12 +21,15 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from flowx import codec
 from flowx.capability import CapabilityRegistry, default_registry
 from flowx.clock import Clock, SystemClock
-from flowx.engine.runner import Execution, RunResult
+from flowx.engine.runner import (
+    Execution,
+    RunResult,
+)
 from flowx.errors import (
     DurabilityNotConfigured,
     FlowFailed,
@@ -37,11 +40,15 @@ from flowx.errors import (
     InstanceNotFound,
     NonDeterminismError,
 )
+from flowx.hosting.alerts import AlertSink, LoggingAlertSink
 from flowx.hosting.lease import DurableLease
 from flowx.hosting.recovery import RecoveryScanResult, RecoveryService, ResumeVerdict
+from flowx.hosting.replay import ReplayPlan, plan_replay
 from flowx.hosting.settings import HostSettings
+from flowx.hosting.timers import TimerService
+from flowx.metrics import COMPENSATION_FAILED, DEADLINE_EXCEEDED
 from flowx.outbox import EventPublisher, OutboxPublisher
-from flowx.plan.model import EmitNode, ForEachNode, Node, Plan, StepNode, walk
+from flowx.plan.model import AwaitSignalNode, Plan, SubFlowNode, walk
 from flowx.stores.errors import (
     FencedOut,
     JournalUnavailable,
@@ -56,9 +63,13 @@ from flowx.stores.records import (
     InstanceState,
     NewInstance,
     RecoveryCandidate,
+    SignalReceipt,
+    SignalRecord,
     StepCommit,
     StepRecord,
     StepWrite,
+    SuspendCommit,
+    Wake,
 )
 
 log = logging.getLogger("flowx.host")
@@ -67,12 +78,6 @@ log = logging.getLogger("flowx.host")
 INSTANCE_NAMESPACE = uuid.UUID("b3c1f0d2-8a4e-4f6b-9c2d-1e7a5b9f3c40")
 
 S = TypeVar("S", bound=BaseModel)
-
-_EXECUTABLE = (StepNode, EmitNode, ForEachNode)
-
-
-def _unsupported(plan: Plan) -> Node | None:
-    return next((n for n in walk(plan.body) if not isinstance(n, _EXECUTABLE)), None)
 
 
 class FlowHandle(Generic[S]):
@@ -140,6 +145,7 @@ class _DurableCommitter:
         state: InstanceState | None = None,
         error: str | None = None,
         events: tuple[EventWrite, ...] = (),
+        notify_parent: bool = False,
     ) -> None:
         journal = self._host._require_stores().journal
         await journal.commit(
@@ -152,10 +158,51 @@ class _DurableCommitter:
                 state=state,
                 error=error,
                 events=events,
+                notify_parent=notify_parent,
             )
         )
         if events and self._host.outbox is not None:
             self._host.outbox.wake()
+
+
+class _DurableWaits:
+    """Binds the engine's waits to the stores, under the run's lease (R2.4)."""
+
+    def __init__(self, host: FlowHost, record: InstanceRecord, lease: DurableLease) -> None:
+        self._host = host
+        self._record = record
+        self._lease = lease
+
+    async def signals(self, name: str) -> list[SignalRecord]:
+        waits = self._host._require_stores().waits
+        return list(await waits.signals(self._record.instance_id, name))
+
+    async def suspend(
+        self, wake: Wake, *, state_bag: str, consumed: tuple[int, ...], child: str | None
+    ) -> bool:
+        waits = self._host._require_stores().waits
+        return await waits.suspend(
+            SuspendCommit(
+                instance_id=self._record.instance_id,
+                token=self._lease.token,
+                now=self._host.clock.now(),
+                wake=wake,
+                state_bag=state_bag,
+                consumed=consumed,
+                child=child,
+            )
+        )
+
+    async def child(self, instance_id: str) -> InstanceRecord | None:
+        return await self._host._require_stores().journal.get(instance_id)
+
+    async def start_child(
+        self, node: SubFlowNode, child_id: str, input_value: BaseModel, scope: str
+    ) -> None:
+        assert node.plan is not None
+        await self._host._start_child(
+            node.plan, input_value, child_id, parent=self._record, scope=scope, node=node
+        )
 
 
 class _EphemeralCommitter:
@@ -169,6 +216,7 @@ class _EphemeralCommitter:
         state: InstanceState | None = None,
         error: str | None = None,
         events: tuple[EventWrite, ...] = (),
+        notify_parent: bool = False,
     ) -> None:
         return None
 
@@ -192,6 +240,8 @@ class FlowHost:
         recovery: bool = True,
         publisher: EventPublisher | None = None,
         outbox_batch_size: int = 500,
+        alerts: AlertSink | None = None,
+        timers: bool = True,
     ) -> None:
         self.store = store
         self.settings = settings if settings is not None else HostSettings.load()
@@ -203,6 +253,11 @@ class FlowHost:
         for plan in flows:
             self.register(plan)
         self._run_recovery = recovery
+        self._run_timers = timers
+        #: Told once per instance that ends CompensationFailed here (SPEC §8).
+        self.alerts: AlertSink = alerts if alerts is not None else LoggingAlertSink()
+        self._timer_task: asyncio.Task[None] | None = None
+        self._wakers: set[asyncio.Task[Any]] = set()
         self._tasks: dict[str, asyncio.Task[RunResult | None]] = {}
         self._recovering: set[str] = set()
         self._ephemeral_results: dict[str, RunResult] = {}
@@ -241,6 +296,17 @@ class FlowHost:
             if store is not None
             else None
         )
+        self.timers = (
+            TimerService(
+                waits=store.waits,
+                settings=self.settings,
+                clock=self.clock,
+                wake=self._wake_candidate,
+                free_flow_slots=lambda: self.settings.max_concurrent_flows - len(self._tasks),
+            )
+            if store is not None
+            else None
+        )
 
     # -- registration ----------------------------------------------------------------------
 
@@ -251,14 +317,15 @@ class FlowHost:
                 f"{plan!r} is not a built plan; call .build() on the flow definition",
                 code="flow.not_a_plan",
             )
-        node = _unsupported(plan)
-        if node is not None:
-            raise FlowXError(
-                f"{plan.ref} uses {node.kind} ({node.name!r}), which this release of FlowX "
-                "declares but does not execute yet; remove it or run a release that does",
-                code="flow.construct_not_supported",
-            )
         self._plans[(plan.flow_id, plan.version)] = plan
+        for node in walk(plan.body):
+            # A parent carries its children: a node that runs the parent can start them.
+            if (
+                isinstance(node, SubFlowNode)
+                and node.plan is not None
+                and not self.carries(node.plan.flow_id, node.plan.version)
+            ):
+                self.register(node.plan)
         latest = self._latest.get(plan.flow_id)
         if latest is None or _vkey(plan.version) > _vkey(latest.version):
             self._latest[plan.flow_id] = plan
@@ -332,6 +399,10 @@ class FlowHost:
         if self._run_recovery and self.recovery is not None:
             self._recovery_task = asyncio.get_running_loop().create_task(
                 self.recovery.run_forever(self._stop), name="flowx-recovery"
+            )
+        if self._run_timers and self.timers is not None:
+            self._timer_task = asyncio.get_running_loop().create_task(
+                self.timers.run_forever(self._stop), name="flowx-timers"
             )
         if self.outbox is not None and self._outbox_task is None:
             try:
@@ -412,6 +483,19 @@ class FlowHost:
                     await self._recovery_task
             except Exception:
                 log.exception("drain: the recovery scan ended with an error")
+        if self._timer_task is not None:
+            # Stopped before the instances drain: a wake now would only be handed back.
+            try:
+                await asyncio.wait_for(asyncio.shield(self._timer_task), timeout=budget)
+            except TimeoutError:
+                self._timer_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._timer_task
+            except Exception:
+                log.exception("drain: the timer service ended with an error")
+            self._timer_task = None
+        if self._wakers:
+            await asyncio.gather(*list(self._wakers), return_exceptions=True)
         tasks = list(self._tasks.values())
         if tasks:
             _done, pending = await asyncio.wait(tasks, timeout=budget)
@@ -519,7 +603,6 @@ class FlowHost:
             )
         else:
             instance_id = str(uuid.uuid4())
-        ttl = self.settings.lease_ttl
         now = self.clock.now()
         tenant = plan.partition_key(value) if plan.partition_key is not None else None
         new = NewInstance(
@@ -535,6 +618,56 @@ class FlowHost:
             deadline_at=now + plan.deadline if plan.deadline else None,
             codec_version=codec.CODEC_VERSION,
         )
+        return await self._launch(plan, new, input_text, run_here=run_here)
+
+    async def _start_child(
+        self,
+        plan: Plan,
+        value: BaseModel,
+        instance_id: str,
+        *,
+        parent: InstanceRecord,
+        scope: str,
+        node: SubFlowNode,
+    ) -> None:
+        """Create a sub-flow's child instance (its id derived from the parent's step, so a
+        re-executed parent finds it) and run it here if this node can."""
+        now = self.clock.now()
+        tenant = plan.partition_key(value) if plan.partition_key is not None else None
+        new = NewInstance(
+            instance_id=instance_id,
+            flow_id=plan.flow_id,
+            flow_version=plan.version,
+            input=codec.dumps(value),
+            state_bag=codec.dumps(plan.state_model()),
+            state=InstanceState.RUNNING if self._accepting else InstanceState.PENDING,
+            tenant_id=parent.tenant_id if tenant is None else str(tenant),
+            correlation_id=parent.correlation_id,
+            deadline_at=now + plan.deadline if plan.deadline else None,
+            parent_instance_id=parent.instance_id,
+            parent_scope=scope,
+            parent_step_id=node.step_id,
+            codec_version=codec.CODEC_VERSION,
+        )
+        stores = self._require_stores()
+        if await stores.journal.get(instance_id) is not None:
+            return
+        await self._launch(plan, new, new.input, run_here=self._accepting, child=True)
+
+    async def _launch(
+        self,
+        plan: Plan,
+        new: NewInstance,
+        input_text: str,
+        *,
+        run_here: bool,
+        child: bool = False,
+    ) -> FlowHandle[Any]:
+        stores = self._require_stores()
+        instance_id = new.instance_id
+        idempotency_key = new.idempotency_key
+        ttl = self.settings.lease_ttl
+        now = self.clock.now()
         sent = time.monotonic()
         created: CreateResult | None = None
         if isinstance(stores, LeasedCreate):
@@ -547,6 +680,8 @@ class FlowHost:
             for _ in range(50):
                 existing = await stores.journal.get(instance_id)
                 if existing is not None:
+                    if child:  # the parent's own earlier run started it: it is the child
+                        return FlowHandle(self, plan, instance_id, created=False)
                     return self._existing(plan, existing, input_text)
                 await asyncio.sleep(0.05)
             raise JournalUnavailable(
@@ -569,6 +704,8 @@ class FlowHost:
                 raise
         if not created.created:
             await durable.release()
+            if child:
+                return FlowHandle(self, plan, instance_id, created=False)
             return self._existing(plan, created.instance, input_text)
         if not run_here:
             await durable.release()
@@ -645,6 +782,16 @@ class FlowHost:
     ) -> RunResult | None:
         try:
             async with self._slots:
+                last_wake = (
+                    Wake(
+                        step_id=record.wake_step_id,
+                        scope=record.wake_scope or "",
+                        at=record.wake_at,
+                        signal=record.wake_signal,
+                    )
+                    if record.wake_step_id is not None
+                    else None
+                )
                 execution = Execution(
                     plan=plan,
                     instance_id=record.instance_id,
@@ -658,10 +805,16 @@ class FlowHost:
                     registry=self.registry,
                     executor=self._threads,
                     should_yield=lambda: not self._accepting,
+                    waits=_DurableWaits(self, record, lease),
+                    deadline_at=record.deadline_at,
+                    last_wake=last_wake,
+                    replay_sequence=record.replay_sequence,
+                    is_child=record.parent_instance_id is not None,
                 )
                 result = await execution.run()
                 log.debug("instance %s: %s", record.instance_id, result.outcome)
-                return result
+            await self._after_run(plan, record, result)
+            return result
         except NonDeterminismError as exc:
             log.error("instance %s cannot be resumed on this node: %s", record.instance_id, exc)
         except JournalUnavailable as exc:
@@ -680,6 +833,173 @@ class FlowHost:
         finally:
             await lease.release()
         return None
+
+    async def _after_run(self, plan: Plan, record: InstanceRecord, result: RunResult) -> None:
+        """What follows a run on this node: arm the timer for a wait sealed here, raise the
+        alert for a compensation that ran out, wake the parent of a child that ended."""
+        if result.outcome == "suspended" and self.timers is not None:
+            self.timers.poke()
+        elif result.outcome == "compensation_failed" and result.alert is not None:
+            COMPENSATION_FAILED.inc(plan.flow_id)
+            try:
+                await self.alerts.compensation_failed(result.alert)
+            except Exception:
+                log.exception(
+                    "the alert sink failed for instance %s; the alert is also in the outbox "
+                    "as a flowx.compensation_failed event",
+                    record.instance_id,
+                )
+        elif result.outcome == "timed_out":
+            DEADLINE_EXCEEDED.inc(plan.flow_id)
+        parent = record.parent_instance_id
+        if result.final_state is not None and parent is not None:
+            # The child's last commit already made the parent Pending (durably); resuming it
+            # here only saves the wait for a recovery sweep. Its own task: this lease is
+            # released first.
+            self._background(self._resume_quietly(parent), name=f"flowx-wake-{parent}")
+
+    def _background(self, coro: Any, *, name: str) -> None:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._wakers.add(task)
+        task.add_done_callback(self._wakers.discard)
+
+    async def _resume_quietly(self, instance_id: str) -> None:
+        """Resume an instance something just woke; a lost race or a draining node is fine —
+        it is ``Pending``, and the next recovery sweep anywhere takes it."""
+        if not self._accepting:
+            return
+        for _ in range(20):
+            try:
+                verdict = await self.resume(instance_id, queued=True)
+            except FlowXError as exc:
+                log.info("waking %s here failed (%s); recovery will take it", instance_id, exc)
+                return
+            if verdict != "lost_race":
+                return
+            # Most often the run that woke it still holds the lease for a moment.
+            await asyncio.sleep(0.05)
+
+    async def _wake_candidate(self, candidate: RecoveryCandidate) -> ResumeVerdict:
+        if not self.carries(candidate.flow_id, candidate.flow_version):
+            return "not_runnable"
+        if candidate.instance_id in self._tasks or not self._accepting:
+            return "lost_race"
+        return await self.resume(candidate.instance_id)
+
+    # -- signals and replay ----------------------------------------------------------------
+
+    async def signal(
+        self, instance_id: str, name: str, payload: Any, *, key: str | None = None
+    ) -> SignalReceipt:
+        """Deliver a signal (R2.10). The payload is checked against the type the flow waits
+        for; the signal is kept in the instance's inbox and, if the instance is waiting for
+        it, wakes it (here, if this node can run it; otherwise on any node).
+
+        ``key`` makes a redelivery inert: a signal with a key already received writes
+        nothing and returns ``status="duplicate"``. A signal sent before the flow reaches its
+        wait is kept (``"kept"``) and taken when it does. Raises ``InstanceNotFound``,
+        ``InstanceFinished`` (the instance has ended), ``FlowNotFound`` (this node does not
+        carry the flow, so cannot check the payload), or ``FlowXError`` with code
+        ``signal.unknown`` / ``signal.payload_invalid``.
+        """
+        stores = self._require_stores()
+        record = await self.get(instance_id)
+        plan = self.plan(record.flow_id, record.flow_version)
+        waits = [n for n in walk(plan.body) if isinstance(n, AwaitSignalNode)]
+        matching = [n for n in waits if n.signal == name]
+        if not matching:
+            known = ", ".join(sorted({n.signal for n in waits})) or "none"
+            raise FlowXError(
+                f"{plan.ref} never waits for a signal named {name!r} (it waits for: {known}); "
+                "check the name",
+                code="signal.unknown",
+            )
+        try:
+            if isinstance(payload, str | bytes):
+                value = TypeAdapter(matching[0].payload_type).validate_json(payload)
+            else:
+                value = TypeAdapter(matching[0].payload_type).validate_python(payload)
+        except ValidationError as exc:
+            details = "; ".join(
+                f"field '{'.'.join(str(p) for p in e['loc']) or '(root)'}': {e['msg']}"
+                for e in exc.errors()
+            )
+            raise FlowXError(
+                f"signal {name!r} for {plan.ref} must be a {matching[0].payload_type!r}: {details}",
+                code="signal.payload_invalid",
+            ) from exc
+        try:
+            receipt = await stores.waits.signal(
+                instance_id, name, codec.dumps(value), key=key, now=self.clock.now()
+            )
+        except UnknownInstance as exc:
+            raise InstanceNotFound(instance_id) from exc
+        if receipt.status == "woken":
+            self._background(self._resume_quietly(instance_id), name=f"flowx-wake-{instance_id}")
+        return receipt
+
+    async def replay(
+        self, instance_id: str, from_step: str | int, *, dry_run: bool = False
+    ) -> ReplayPlan:
+        """Re-run a failed instance after its fault is fixed (SPEC §8): ``flowx replay``.
+
+        A ``CompensationFailed`` instance re-runs its remaining compensations, starting with
+        the one that ran out (``from_step`` must name it). A ``Failed`` instance whose
+        compensation never began re-runs forward from the step that failed (``from_step``
+        must name it). Either way the retry budget starts afresh and every try is journaled as
+        a new attempt; no row is changed or removed. ``dry_run`` only says what would run.
+        Raises ``FlowXError`` with code ``instance.illegal_state`` when the instance cannot
+        be replayed (its state, or a ``from_step`` that is not where it stopped).
+        """
+        stores = self._require_stores()
+        record = await self.get(instance_id)
+        plan = self.plan(record.flow_id, record.flow_version)
+        steps = await stores.journal.steps(instance_id)
+        target = plan_replay(plan, record, steps, from_step)
+        if dry_run:
+            return target
+        ttl = self.settings.lease_ttl
+        sent = time.monotonic()
+        lease = await stores.leases.acquire(
+            instance_id, owner=self.node_id, ttl=ttl, now=self.clock.now(), floor=record.fence
+        )
+        if lease is None:
+            raise FlowXError(
+                f"instance {instance_id} is held by another node right now; retry",
+                code="instance.busy",
+            )
+        durable = DurableLease(
+            stores.leases,
+            lease,
+            ttl=ttl,
+            renew_every=self.settings.renewal_interval,
+            clock=self.clock,
+            acquired_at_monotonic=sent,
+        )
+        try:
+            current = await stores.journal.open(
+                instance_id, token=lease.token, now=self.clock.now()
+            )
+            if current.instance.state is not record.state:
+                raise FlowXError(
+                    f"instance {instance_id} moved to {current.instance.state.value} meanwhile",
+                    code="instance.illegal_state",
+                )
+            await stores.waits.rearm(
+                instance_id, token=lease.token, now=self.clock.now(), from_step=target.step_id
+            )
+        finally:
+            await durable.release()
+        log.info(
+            "instance %s re-armed for a replay from %r (%s): %s",
+            instance_id,
+            target.step,
+            target.mode,
+            ", ".join(target.reruns),
+        )
+        if self._accepting and self.carries(record.flow_id, record.flow_version):
+            await self.resume(instance_id, queued=True)
+        return target
 
     async def _resume_candidate(self, candidate: RecoveryCandidate, queued: bool) -> ResumeVerdict:
         if not self.carries(candidate.flow_id, candidate.flow_version):

@@ -22,6 +22,7 @@ _DURATIONS = (
     "lease_renewal_interval",
     "recovery_scan_interval",
     "shutdown_drain_timeout",
+    "timer_poll_interval",
 )
 
 
@@ -45,6 +46,11 @@ class HostSettings(BaseModel):
     shutdown_drain_timeout: timedelta = timedelta(seconds=30)
     #: Takeovers in a row without a step commit before the frontier step is failed as poison.
     max_resumes_without_progress: int = 10
+    #: How often the timer service asks for due instances when it knows of none sooner. A
+    #: wait sealed on this node wakes on time regardless; this bounds how late a wait sealed
+    #: on another node is noticed.
+    timer_poll_interval: timedelta = timedelta(seconds=1)
+    timer_batch_size: int = 100
 
     @field_validator(*_DURATIONS, mode="before")
     @classmethod
@@ -70,6 +76,8 @@ class HostSettings(BaseModel):
             )
         if self.recovery_scan_interval.total_seconds() <= 0:
             raise ValueError("recovery_scan_interval must be above 0")
+        if self.timer_poll_interval.total_seconds() <= 0:
+            raise ValueError("timer_poll_interval must be above 0")
         if not 0 <= self.recovery_scan_jitter < 1:
             raise ValueError("recovery_scan_jitter is a fraction in [0, 1)")
         for name in (
@@ -78,6 +86,7 @@ class HostSettings(BaseModel):
             "max_concurrent_flows",
             "capability_threads",
             "max_resumes_without_progress",
+            "timer_batch_size",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from flowx.capability import Capability, CapabilityRegistry, capability_of, default_registry
 from flowx.durations import DurationLike, parse_duration
@@ -37,6 +37,7 @@ from flowx.plan.model import (
     SleepNode,
     StepNode,
     SubFlowNode,
+    walk,
 )
 
 _FLOW_ID = re.compile(r"^[a-z0-9][a-z0-9_.\-]*$")
@@ -141,8 +142,19 @@ class Body:
         timeout: DurationLike | None = None,
         name: str | None = None,
         into: str | None = None,
+        on_timeout: Callable[[Body], Body] | None = None,
     ) -> B:
-        """Suspend the instance until ``signal`` is delivered, or ``timeout`` passes."""
+        """Suspend the instance until ``signal`` is delivered (its payload, validated as
+        ``payload_type``, goes into the state field ``into``), or until ``timeout`` passes.
+
+        On a timeout the ``on_timeout`` branch runs and the flow goes on after it; with no
+        branch, the timeout fails the step (``signal.timed_out``) and the flow compensates.
+        """
+        bodies = []
+        if on_timeout is not None:
+            inner = Body()
+            on_timeout(inner)
+            bodies.append(inner._drafts)
         self._drafts.append(
             _Draft(
                 kind="await_signal",
@@ -152,7 +164,9 @@ class Body:
                     "payload_type": payload_type,
                     "timeout": timeout,
                     "into": into,
+                    "on_timeout": on_timeout is not None,
                 },
+                bodies=bodies,
             )
         )
         return self
@@ -262,6 +276,8 @@ class _Compiler:
         self.b = builder
         self.next_id = 1
         self.names: dict[str, int] = {}
+        # The fork branch being compiled, if any: waits are refused inside one (FLOWX1019).
+        self.in_fork: str | None = None
 
     def error(self, code: str, message: str) -> PlanError:
         return PlanError(code, f"flow {self.b._flow_id!r}: {message}", flow_id=self.b._flow_id)
@@ -444,6 +460,13 @@ class _Compiler:
                 body=self.nodes(d.bodies[0], state_model),
                 into=a["into"],
             )
+        if d.kind in ("await_signal", "sleep", "sub_flow") and self.in_fork is not None:
+            raise self.error(
+                "FLOWX1019",
+                f"{d.kind} {d.name or ''!s} is inside a branch of fork {self.in_fork!r}; an "
+                "instance waits at one place at a time, so a branch cannot suspend it while "
+                "its siblings run. Put the wait before or after the fork",
+            )
         if d.kind in ("await_signal", "sleep"):
             if self.b._profile is Profile.EPHEMERAL:
                 raise self.error(
@@ -466,13 +489,31 @@ class _Compiler:
                     timeout = parse_duration(a["timeout"], what="signal timeout")
                 except ValueError as exc:
                     raise self.error("FLOWX1009", str(exc)) from exc
+            where = f"await_signal {name!r}"
+            try:
+                TypeAdapter(a["payload_type"])
+            except Exception as exc:
+                raise self.error(
+                    "FLOWX1021",
+                    f"{where}: payload type {a['payload_type']!r} cannot be validated "
+                    f"({exc}); use a pydantic model or a plain type such as dict or str",
+                ) from exc
+            if a["on_timeout"]:
+                if timeout is None:
+                    raise self.error(
+                        "FLOWX1009", f"{where} has on_timeout= but no timeout=; give it one"
+                    )
+                if not d.bodies[0]:
+                    raise self.error("FLOWX1010", f"{where} has an empty on_timeout branch")
+            step_id = self.claim(name)
             return AwaitSignalNode(
-                step_id=self.claim(name),
+                step_id=step_id,
                 name=name,
                 signal=a["signal"],
                 payload_type=a["payload_type"],
                 timeout=timeout,
                 into=a["into"],
+                on_timeout=self.nodes(d.bodies[0], state_model) if d.bodies else (),
             )
         if d.kind == "sub_flow":
             child = a["plan"]
@@ -482,6 +523,13 @@ class _Compiler:
                 )
             name = d.name or f"sub_flow:{child.flow_id}"
             where = f"sub_flow {name!r}"
+            if self.b._profile is Profile.EPHEMERAL or not child.durable:
+                raise self.error(
+                    "FLOWX1022",
+                    f"{where}: a parent waits for its child durably, so both must be Durable "
+                    f"({self.b._flow_id} is {self.b._profile.value}, {child.ref} is "
+                    f"{child.profile.value})",
+                )
             self.check_callable(a["input"], "input", where)
             self.check_into(a["into"], state_model, where)
             return SubFlowNode(
@@ -491,6 +539,7 @@ class _Compiler:
                 flow_version=child.version,
                 input=a["input"],
                 into=a["into"],
+                plan=child,
             )
         if d.kind == "fork":
             name = d.name or "fork"
@@ -504,9 +553,22 @@ class _Compiler:
             for i, branch in enumerate(d.bodies):
                 if not branch:
                     raise self.error("FLOWX1010", f"fork {name!r} branch {i} is empty")
-            return ForkNode(
-                step_id=step_id,
-                name=name,
-                branches=tuple(self.nodes(branch, state_model) for branch in d.bodies),
-            )
+            outer, self.in_fork = self.in_fork, name
+            try:
+                branches = tuple(self.nodes(branch, state_model) for branch in d.bodies)
+            finally:
+                self.in_fork = outer
+            writers: dict[str, int] = {}
+            for i, branch_nodes in enumerate(branches):
+                written = {getattr(n, "into", None) for n in walk(branch_nodes)} - {None}
+                for field_name in sorted(str(f) for f in written):
+                    if field_name in writers:
+                        raise self.error(
+                            "FLOWX1020",
+                            f"fork {name!r}: branches {writers[field_name]} and {i} both write "
+                            f"state field {field_name!r}; concurrent branches would race for "
+                            "it, so give each branch fields of its own",
+                        )
+                    writers[field_name] = i
+            return ForkNode(step_id=step_id, name=name, branches=branches)
         raise AssertionError(d.kind)

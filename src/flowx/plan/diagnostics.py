@@ -26,5 +26,9 @@ CODES: Final[dict[str, str]] = {
     "FLOWX1016": "a selector (argument=, items=, build=, partition_key=) is not callable",
     "FLOWX1017": "a signal or timer in a flow that journals nothing",
     "FLOWX1018": "a step names a capability that is not registered",
+    "FLOWX1019": "a wait (await_signal, sleep, sub_flow) inside a fork branch",
+    "FLOWX1020": "two fork branches write the same state field",
+    "FLOWX1021": "a signal payload type that cannot be validated",
+    "FLOWX1022": "a sub_flow whose child (or parent) is not Durable",
     "FLOWX1024": "an emit in an Ephemeral flow, or an event with no declared contract",
 }

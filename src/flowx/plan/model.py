@@ -4,7 +4,9 @@ Every node has a ``step_id`` — its position in a depth-first walk of the whole
 at 1 — and a unique ``name``. Repetition (``for_each``) does not need new ids: a repeated body
 runs in a child *scope* (``'7'`` for the eighth element, ``'7/2'`` nested), and the journal key
 ``(instance, scope, step_id, attempt)`` tells every execution apart. A fork's branches have
-distinct ids, so they run in their parent's scope.
+distinct ids; each still runs in a scope of its own (``'4.0'``, ``'4.1'`` for the branches
+of fork 4, ``'4.1/2'`` inside a loop in a branch), so its steps' idempotency keys say which
+branch they belong to.
 """
 
 from __future__ import annotations
@@ -136,13 +138,18 @@ class AwaitSignalNode(Node):
     """Suspend until a named signal arrives (or ``timeout`` passes) (R2.10)."""
 
     signal: str
-    payload_type: type[Any]
+    payload_type: Any
     timeout: timedelta | None = None
     into: str | None = None
+    #: Run when ``timeout`` passes with no signal; with none, the timeout fails the step.
+    on_timeout: tuple[Node, ...] = ()
 
     @property
     def kind(self) -> str:
         return "await_signal"
+
+    def children(self) -> tuple[tuple[Node, ...], ...]:
+        return (self.on_timeout,) if self.on_timeout else ()
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -164,6 +171,8 @@ class SubFlowNode(Node):
     flow_version: str
     input: Selector = field(compare=False)
     into: str | None = None
+    #: The child's plan, so a host that registers the parent carries the child too.
+    plan: Plan | None = field(default=None, compare=False, repr=False)
 
     @property
     def kind(self) -> str:

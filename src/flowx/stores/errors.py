@@ -130,3 +130,17 @@ class UnknownConsumer(StoreError):
             "stores.changes.subscribe(consumer, now=...)"
         )
         self.consumer = consumer
+
+
+class InstanceFinished(StoreError):
+    """A signal (or another wake-up) was sent to an instance that has already ended."""
+
+    code = "instance.finished"
+
+    def __init__(self, instance_id: str, state: str) -> None:
+        super().__init__(
+            f"flow instance {instance_id} has already ended ({state}); nothing was kept. "
+            "`flowx show` gives its history"
+        )
+        self.instance_id = instance_id
+        self.state = state

@@ -19,6 +19,7 @@ from flowx.stores.protocols import (
     OutboxStore,
     RecoveryIndex,
     Stores,
+    WaitStore,
 )
 
 
@@ -62,6 +63,10 @@ class PairedStores:
     @property
     def changes(self) -> ChangeFeed:
         return self._base.changes
+
+    @property
+    def waits(self) -> WaitStore:
+        return self._base.waits
 
     async def open(self) -> None:
         await self._base.open()

@@ -26,8 +26,11 @@ from flowx.stores.records import (
     NewInstance,
     OutboxPurge,
     RecoveryCandidate,
+    SignalReceipt,
+    SignalRecord,
     StepCommit,
     StepRecord,
+    SuspendCommit,
 )
 
 
@@ -50,6 +53,7 @@ class FlowJournal(Protocol):
         token is refused from this moment on (R2.4). Refuses with ``FencedOut`` if ``token`` is
         below the fence. Counts the takeover in ``resume_count`` (reset by every step commit),
         which is how a step that kills its process is told apart from a crash.
+        A ``Pending`` (queued) or ``Suspended`` (woken or due) instance becomes ``Running``.
         Raises ``UnknownInstance`` if there is no such instance.
         """
         ...
@@ -156,6 +160,53 @@ class RecoveryIndex(Protocol):
         """One bounded page of ``Pending`` instances — started for any worker to run, and not
         yet taken — oldest first. A separate query from the idle scan, because a queued
         instance needs no TTL to pass before a worker may take it."""
+        ...
+
+
+@runtime_checkable
+class WaitStore(Protocol):
+    """**Protocol:** instances that wait — for a signal, a timer or a child (R2.10, R2.11).
+
+    A Suspended instance is a row and nothing else: no lease, no task, no memory in any worker
+    (R6.3). It is woken by ``signal`` (or its child's end), which makes it ``Pending`` for any
+    worker, or by the timer service, which finds it with ``find_due`` and takes its lease.
+    """
+
+    async def suspend(self, commit: SuspendCommit) -> bool:
+        """Seal the instance ``Suspended`` at ``commit.wake``, fenced; ``False`` (nothing
+        written) if a signal it waits for is already in the inbox or its child has already
+        ended, so the caller carries on instead. Raises ``FencedOut`` / ``UnknownInstance``."""
+        ...
+
+    async def signal(
+        self, instance_id: str, name: str, payload: str, *, key: str | None, now: datetime
+    ) -> SignalReceipt:
+        """Keep a signal in the instance's inbox; if the instance is Suspended waiting for
+        ``name``, make it ``Pending`` in the same write. A repeated ``key`` writes nothing and
+        says ``duplicate``. Raises ``UnknownInstance``, or ``InstanceFinished`` for an
+        instance in a terminal state (nothing is kept: no run would ever read it)."""
+        ...
+
+    async def signals(self, instance_id: str, name: str) -> Sequence[SignalRecord]:
+        """The inbox for one signal name, in order of arrival."""
+        ...
+
+    async def find_due(self, *, now: datetime, limit: int) -> Sequence[RecoveryCandidate]:
+        """Suspended instances whose ``wake_at`` is at or before ``now``, earliest first;
+        served by ``flow_instance_wake_idx`` (a partial index over Suspended rows)."""
+        ...
+
+    async def next_wake(self) -> datetime | None:
+        """The earliest ``wake_at`` of any Suspended instance (same index)."""
+        ...
+
+    async def rearm(
+        self, instance_id: str, *, token: int, now: datetime, from_step: int
+    ) -> InstanceRecord:
+        """Re-open a finished instance for a replay, fenced: state ``Pending``,
+        ``replay_sequence = next_sequence`` (earlier failures stop counting against retry
+        budgets), ``resume_from_step = from_step``, ``error`` kept. Writes no step row: the
+        history is never rewritten; what re-runs is journaled as new attempts."""
         ...
 
 
@@ -285,6 +336,9 @@ class Stores(Protocol):
 
     @property
     def changes(self) -> ChangeFeed: ...
+
+    @property
+    def waits(self) -> WaitStore: ...
 
     async def open(self) -> None:
         """Connect and bring the schema up to date (or refuse one the code does not know)."""

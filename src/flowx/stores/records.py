@@ -100,6 +100,18 @@ class InstanceRecord:
     codec_version: int
     created_at: datetime
     updated_at: datetime
+    #: The wait the instance was last sealed at (R2.10, R2.11): kept after it wakes, so the run
+    #: that resumes it finds the same deadline instead of starting the wait again.
+    wake_at: datetime | None = None
+    wake_step_id: int | None = None
+    wake_scope: str | None = None
+    #: The signal name a Suspended instance waits for (``CHILD_WAIT`` for a sub-flow).
+    wake_signal: str | None = None
+    #: Set by a replay: failures journaled before this sequence do not count against a retry
+    #: budget, so a replayed step or compensation gets its attempts afresh.
+    replay_sequence: int | None = None
+    #: The step an operator replayed from (an operator hint, never the frontier: R2.8).
+    resume_from_step: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -166,6 +178,77 @@ class StepCommit:
     state: InstanceState | None = None
     error: str | None = None
     events: tuple[EventWrite, ...] = ()
+    #: A child instance's terminal commit: wake its parent if the parent is Suspended waiting
+    #: for this child (``parent_step_id``/``parent_scope``), in the same transaction, so a
+    #: crash between the two cannot leave the parent waiting for ever.
+    notify_parent: bool = False
+
+
+#: ``wake_signal`` of a parent Suspended until its sub-flow child ends.
+CHILD_WAIT = "flowx.sub_flow"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Wake:
+    """Where a Suspended instance waits, and what wakes it.
+
+    ``at`` is when the timer service wakes it (a sleep's end, a signal's timeout, the flow
+    deadline), ``None`` for no timer. ``signal`` is the awaited signal name (or
+    ``CHILD_WAIT``); a signal of that name makes the instance ``Pending`` again.
+    """
+
+    step_id: int
+    scope: str
+    at: datetime | None = None
+    signal: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SuspendCommit:
+    """Seal an instance ``Suspended`` at a wait, fenced like a step commit (R2.4).
+
+    Parking and scheduling the wake are this one write (R2.11). ``consumed`` lists the inbox
+    ``seq`` of every signal of ``wake.signal`` the instance has already taken; ``child`` is the
+    sub-flow instance a parent waits for. If a signal not in ``consumed`` is already in the
+    inbox, or ``child`` has already ended, the instance is *not* suspended: the check and the
+    seal happen under the instance's row lock, so no wake-up is lost between them.
+    """
+
+    instance_id: str
+    token: int
+    now: datetime
+    wake: Wake
+    state_bag: str | None = None
+    consumed: tuple[int, ...] = ()
+    child: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SignalRecord:
+    """A signal in an instance's inbox (``flow_signal``). ``seq`` is its order of arrival."""
+
+    instance_id: str
+    name: str
+    seq: int
+    key: str | None
+    payload: str
+    received_at: datetime
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SignalReceipt:
+    """What delivering a signal did.
+
+    ``woken``: the instance was Suspended waiting for it and is now ``Pending``; ``kept``: it
+    waits in the inbox for the flow to reach the wait; ``duplicate``: a signal with this
+    ``key`` was already received, and nothing was written.
+    """
+
+    instance_id: str
+    name: str
+    seq: int
+    status: str
+    state: InstanceState
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from flowx.stores.errors import (
     DuplicateStep,
     FencedOut,
+    InstanceFinished,
     LeaseLost,
     UnknownConsumer,
     UnknownInstance,
@@ -22,6 +23,7 @@ from flowx.stores.outbox_claims import ClaimOutcome
 from flowx.stores.protocols import InstanceQuery
 from flowx.stores.records import (
     ACTIVE_STATES,
+    CHILD_WAIT,
     ChangeBatch,
     CreateResult,
     EventRecord,
@@ -32,8 +34,11 @@ from flowx.stores.records import (
     NewInstance,
     OutboxPurge,
     RecoveryCandidate,
+    SignalReceipt,
+    SignalRecord,
     StepCommit,
     StepRecord,
+    SuspendCommit,
 )
 
 
@@ -46,6 +51,8 @@ class _Data:
         self.events: list[EventRecord] = []
         self.leases: dict[str, Lease] = {}
         self.staged_seq = 0
+        self.signals: list[SignalRecord] = []
+        self.signal_seq = 0
 
 
 class MemoryJournal:
@@ -101,7 +108,8 @@ class MemoryJournal:
         record = self._instance(instance_id)
         if token < record.fence:
             raise FencedOut(instance_id, token, record.fence)
-        state = InstanceState.RUNNING if record.state is InstanceState.PENDING else record.state
+        woken = record.state in (InstanceState.PENDING, InstanceState.SUSPENDED)
+        state = InstanceState.RUNNING if woken else record.state
         record = dataclasses.replace(
             record, fence=token, resume_count=record.resume_count + 1, state=state, updated_at=now
         )
@@ -159,8 +167,29 @@ class MemoryJournal:
             changes["state"] = commit.state
         if commit.error is not None:
             changes["error"] = commit.error
-        d.instances[commit.instance_id] = dataclasses.replace(record, **changes)  # type: ignore[arg-type]
+        record = dataclasses.replace(record, **changes)  # type: ignore[arg-type]
+        d.instances[commit.instance_id] = record
+        if commit.notify_parent:
+            self._wake_parent(record, commit.now)
         return sequence
+
+    def _wake_parent(self, child: InstanceRecord, now: datetime) -> None:
+        """The parent waits for this child (same step and scope): make it Pending."""
+        if child.parent_instance_id is None:
+            return
+        parent = self._d.instances.get(child.parent_instance_id)
+        if (
+            parent is not None
+            and parent.state is InstanceState.SUSPENDED
+            and parent.wake_signal == CHILD_WAIT
+            and parent.wake_step_id is not None
+            and parent.wake_step_id == child.parent_step_id
+            and parent.wake_scope is not None
+            and parent.wake_scope == child.parent_scope
+        ):
+            self._d.instances[parent.instance_id] = dataclasses.replace(
+                parent, state=InstanceState.PENDING, updated_at=now
+            )
 
     async def get(self, instance_id: str) -> InstanceRecord | None:
         return self._d.instances.get(instance_id)
@@ -248,6 +277,135 @@ class MemoryRecoveryIndex:
             )
             for r in found[offset : offset + limit]
         ]
+
+
+class MemoryWaits:
+    """``WaitStore`` over the same dicts; each method is atomic because it never awaits."""
+
+    def __init__(self, data: _Data) -> None:
+        self._d = data
+
+    def _fenced(self, instance_id: str, token: int) -> InstanceRecord:
+        record = self._d.instances.get(instance_id)
+        if record is None:
+            raise UnknownInstance(instance_id)
+        if token < record.fence:
+            raise FencedOut(instance_id, token, record.fence)
+        return record
+
+    async def suspend(self, commit: SuspendCommit) -> bool:
+        record = self._fenced(commit.instance_id, commit.token)
+        wake = commit.wake
+        if wake.signal is not None and any(
+            s.instance_id == commit.instance_id
+            and s.name == wake.signal
+            and s.seq not in commit.consumed
+            for s in self._d.signals
+        ):
+            return False
+        if commit.child is not None:
+            child = self._d.instances.get(commit.child)
+            if child is not None and child.state.terminal:
+                return False
+        self._d.instances[commit.instance_id] = dataclasses.replace(
+            record,
+            state=InstanceState.SUSPENDED,
+            wake_at=wake.at,
+            wake_step_id=wake.step_id,
+            wake_scope=wake.scope,
+            wake_signal=wake.signal,
+            state_bag=commit.state_bag if commit.state_bag is not None else record.state_bag,
+            updated_at=commit.now,
+        )
+        return True
+
+    async def signal(
+        self, instance_id: str, name: str, payload: str, *, key: str | None, now: datetime
+    ) -> SignalReceipt:
+        d = self._d
+        record = d.instances.get(instance_id)
+        if record is None:
+            raise UnknownInstance(instance_id)
+        if record.state.terminal:
+            raise InstanceFinished(instance_id, record.state.value)
+        if key is not None:
+            for s in d.signals:
+                if (s.instance_id, s.name, s.key) == (instance_id, name, key):
+                    return SignalReceipt(
+                        instance_id=instance_id,
+                        name=name,
+                        seq=s.seq,
+                        status="duplicate",
+                        state=record.state,
+                    )
+        d.signal_seq += 1
+        d.signals.append(
+            SignalRecord(
+                instance_id=instance_id,
+                name=name,
+                seq=d.signal_seq,
+                key=key,
+                payload=payload,
+                received_at=now,
+            )
+        )
+        woken = record.state is InstanceState.SUSPENDED and record.wake_signal == name
+        if woken:
+            record = dataclasses.replace(record, state=InstanceState.PENDING, updated_at=now)
+            d.instances[instance_id] = record
+        return SignalReceipt(
+            instance_id=instance_id,
+            name=name,
+            seq=d.signal_seq,
+            status="woken" if woken else "kept",
+            state=record.state,
+        )
+
+    async def signals(self, instance_id: str, name: str) -> Sequence[SignalRecord]:
+        return tuple(s for s in self._d.signals if s.instance_id == instance_id and s.name == name)
+
+    def _suspended_with_timer(self) -> list[InstanceRecord]:
+        return [
+            r
+            for r in self._d.instances.values()
+            if r.state is InstanceState.SUSPENDED and r.wake_at is not None
+        ]
+
+    async def find_due(self, *, now: datetime, limit: int) -> Sequence[RecoveryCandidate]:
+        due = [
+            r for r in self._suspended_with_timer() if r.wake_at is not None and r.wake_at <= now
+        ]
+        due.sort(key=lambda r: (r.wake_at, r.instance_id))
+        return tuple(
+            RecoveryCandidate(
+                instance_id=r.instance_id,
+                flow_id=r.flow_id,
+                flow_version=r.flow_version,
+                state=r.state,
+                updated_at=r.updated_at,
+            )
+            for r in due[:limit]
+        )
+
+    async def next_wake(self) -> datetime | None:
+        return min(
+            (r.wake_at for r in self._suspended_with_timer() if r.wake_at is not None),
+            default=None,
+        )
+
+    async def rearm(
+        self, instance_id: str, *, token: int, now: datetime, from_step: int
+    ) -> InstanceRecord:
+        record = self._fenced(instance_id, token)
+        record = dataclasses.replace(
+            record,
+            state=InstanceState.PENDING,
+            replay_sequence=record.next_sequence,
+            resume_from_step=from_step,
+            updated_at=now,
+        )
+        self._d.instances[instance_id] = record
+        return record
 
 
 class MemoryCatalog:
@@ -396,6 +554,7 @@ class MemoryStores:
         self.catalog = MemoryCatalog(self._data)
         self.outbox = MemoryOutbox(self._data)
         self.changes = MemoryChanges(self._data)
+        self.waits = MemoryWaits(self._data)
 
     async def open(self) -> None:
         return None

@@ -14,12 +14,13 @@ from psycopg.rows import dict_row
 
 from flowx.stores.errors import FencedOut, LeaseLost, UnknownInstance
 from flowx.stores.postgres.changes import PostgresChanges
-from flowx.stores.postgres.commit import GroupCommitter
+from flowx.stores.postgres.commit import GroupCommitter, commit_one
 from flowx.stores.postgres.database import PostgresDatabase, redact
 from flowx.stores.postgres.notify import StagedNotifier
 from flowx.stores.postgres.outbox import PostgresOutbox
 from flowx.stores.protocols import InstanceQuery
 from flowx.stores.records import (
+    CHILD_WAIT,
     CreateResult,
     EventRecord,
     History,
@@ -37,7 +38,8 @@ _INSTANCE_COLUMNS: Final = (
     "instance_id, flow_id, flow_version, state, fence, next_sequence, input, state_bag, "
     "state_bag_sequence, error, tenant_id, idempotency_key, correlation_id, deadline_at, "
     "parent_instance_id, parent_scope, parent_step_id, resume_count, codec_version, "
-    "created_at, updated_at"
+    "created_at, updated_at, wake_at, wake_step_id, wake_scope, wake_signal, replay_sequence, "
+    "resume_from_step"
 )
 _STEP_COLUMNS: Final = (
     "instance_id, scope, step_id, attempt, sequence, step_name, outcome, result, "
@@ -79,14 +81,32 @@ INSERT_INSTANCE: Final[LiteralString] = (
     "ON CONFLICT DO NOTHING RETURNING " + _INSTANCE_COLUMNS
 )
 
-# Take over: the fence rises before anything is read (R2.4). Primary key.
+# Take over: the fence rises before anything is read (R2.4). A queued (Pending) or woken
+# (Suspended) instance is Running from here on. Primary key.
 OPEN_INSTANCE: Final[LiteralString] = (
     "UPDATE flow_instance SET fence = %(token)s, resume_count = resume_count + 1, "
-    "state = CASE state WHEN 'Pending' THEN 'Running' ELSE state END, "
+    "state = CASE WHEN state IN ('Pending', 'Suspended') THEN 'Running' ELSE state END, "
     "updated_at = %(now)s, version = version + 1 "
     "WHERE instance_id = %(instance_id)s AND fence <= %(token)s RETURNING " + _INSTANCE_COLUMNS
 )
 FENCE_OF: Final[LiteralString] = "SELECT fence FROM flow_instance WHERE instance_id = %s"
+
+# A child's terminal commit wakes its parent (StepCommit.notify_parent), in the commit's own
+# transaction and after it, under the child's row lock. Lock order is child, then parent; the
+# parent's suspend locks only the parent and merely reads the child, so the two cannot
+# deadlock. Each statement takes a fresh snapshot (READ COMMITTED): once the parent's row lock
+# is held, a suspend that sealed it has committed and the conditional update sees it, and a
+# suspend still to come sees this child's end and does not seal. All primary key.
+PARENT_OF: Final[LiteralString] = (
+    "SELECT parent_instance_id, parent_step_id, parent_scope FROM flow_instance "
+    "WHERE instance_id = %s"
+)
+LOCK_PARENT: Final[LiteralString] = "SELECT 1 FROM flow_instance WHERE instance_id = %s FOR UPDATE"
+WAKE_PARENT: Final[LiteralString] = (
+    "UPDATE flow_instance SET state = 'Pending', updated_at = %(now)s, version = version + 1 "
+    "WHERE instance_id = %(parent)s AND state = 'Suspended' AND wake_signal = %(wait)s "
+    "AND wake_step_id = %(step_id)s AND wake_scope = %(scope)s"
+)
 
 # Acquire, and raise the instance's fence to the new token in the same statement (R2.4).
 # The token is above every token issued for the instance, above the caller's floor, and above
@@ -272,11 +292,35 @@ class PostgresJournal:
             return History(instance=_instance(row), steps=tuple(_step(s) for s in steps))
 
     async def commit(self, commit: StepCommit) -> int | None:
-        # Concurrent commits from many instances share statements (commit.py).
-        sequence = await self._group.commit(commit)
+        if commit.notify_parent:
+            # A child's end: rare, and it writes two rows, so it keeps the group committer's
+            # statements out of it and takes a transaction of its own.
+            sequence = await self._commit_and_wake_parent(commit)
+        else:
+            # Concurrent commits from many instances share statements (commit.py).
+            sequence = await self._group.commit(commit)
         if commit.events and self._notifier is not None:
             self._notifier.staged()
         return sequence
+
+    async def _commit_and_wake_parent(self, commit: StepCommit) -> int | None:
+        async with self._db.connection() as conn, conn.transaction():
+            sequence = await commit_one(conn, commit)  # locks this instance's row
+            row = await (await conn.execute(PARENT_OF, (commit.instance_id,))).fetchone()
+            if row is not None and row[0] is not None:
+                parent, step_id, scope = row
+                await conn.execute(LOCK_PARENT, (parent,))
+                await conn.execute(
+                    WAKE_PARENT,
+                    {
+                        "now": commit.now,
+                        "parent": parent,
+                        "wait": CHILD_WAIT,
+                        "step_id": step_id,
+                        "scope": scope,
+                    },
+                )
+            return sequence
 
     async def get(self, instance_id: str) -> InstanceRecord | None:
         async with self._db.connection() as conn:
@@ -409,7 +453,7 @@ class PostgresCatalog:
 
 
 class PostgresStores:
-    """All four roles over one PostgreSQL database and schema (R1.2)."""
+    """All the roles over one PostgreSQL database and schema (R1.2)."""
 
     def __init__(
         self, dsn: str, *, schema: str = "flowx", migrate: bool = True, **pool: Any
@@ -423,6 +467,10 @@ class PostgresStores:
         self.catalog = PostgresCatalog(self.db)
         self.outbox = PostgresOutbox(self.db)
         self.changes = PostgresChanges(self.db)
+        # Imported here: waits.py reads the journal's row shape from this module.
+        from flowx.stores.postgres.waits import PostgresWaits
+
+        self.waits = PostgresWaits(self.db)
 
     async def create_leased(
         self, instance: NewInstance, *, owner: str, ttl: timedelta, now: datetime

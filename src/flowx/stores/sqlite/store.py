@@ -17,6 +17,7 @@ from typing import Any, Final
 from flowx.stores.errors import DuplicateStep, FencedOut, LeaseLost, UnknownInstance
 from flowx.stores.protocols import InstanceQuery
 from flowx.stores.records import (
+    CHILD_WAIT,
     CreateResult,
     EventRecord,
     History,
@@ -36,7 +37,8 @@ _INSTANCE_COLUMNS: Final = (
     "instance_id, flow_id, flow_version, state, fence, next_sequence, input, state_bag, "
     "state_bag_sequence, error, tenant_id, idempotency_key, correlation_id, deadline_at, "
     "parent_instance_id, parent_scope, parent_step_id, resume_count, codec_version, "
-    "created_at, updated_at"
+    "created_at, updated_at, wake_at, wake_step_id, wake_scope, wake_signal, replay_sequence, "
+    "resume_from_step"
 )
 _STEP_COLUMNS: Final = (
     "instance_id, scope, step_id, attempt, sequence, step_name, outcome, result, "
@@ -73,6 +75,12 @@ def _instance(row: tuple[Any, ...]) -> InstanceRecord:
         codec_version=row[18],
         created_at=from_text(row[19]),
         updated_at=from_text(row[20]),
+        wake_at=from_text(row[21]) if row[21] else None,
+        wake_step_id=row[22],
+        wake_scope=row[23],
+        wake_signal=row[24],
+        replay_sequence=row[25],
+        resume_from_step=row[26],
     )
 
 
@@ -138,6 +146,28 @@ def create_in(
     return CreateResult(instance=_instance(created), created=True)
 
 
+# A child's terminal commit wakes its parent if the parent is Suspended waiting for this very
+# child (StepCommit.notify_parent), in the commit's own write. Both primary key.
+_PARENT_OF: Final = (
+    "SELECT parent_instance_id, parent_step_id, parent_scope FROM flow_instance "
+    "WHERE instance_id = ?"
+)
+_WAKE_PARENT: Final = (
+    "UPDATE flow_instance SET state = 'Pending', updated_at = ?, version = version + 1 "
+    "WHERE instance_id = ? AND state = 'Suspended' AND wake_signal = ? "
+    "AND wake_step_id = ? AND wake_scope = ?"
+)
+
+
+def wake_parent_in(conn: sqlite3.Connection, instance_id: str, now: datetime) -> None:
+    """Wake the instance's parent inside the caller's write transaction (no parent: no-op)."""
+    row = conn.execute(_PARENT_OF, (instance_id,)).fetchone()
+    if row is None or row[0] is None:
+        return
+    parent, step_id, scope = row
+    conn.execute(_WAKE_PARENT, (to_text(now), parent, CHILD_WAIT, step_id, scope))
+
+
 def acquire_in(
     conn: sqlite3.Connection,
     instance_id: str,
@@ -183,10 +213,12 @@ class SqliteJournal:
                 raise UnknownInstance(instance_id)
             if token < row[0]:
                 raise FencedOut(instance_id, token, row[0])
-            # The fence rises before anything is read (R2.4).
+            # The fence rises before anything is read (R2.4). A queued (Pending) or woken
+            # (Suspended) instance is Running from here on.
             conn.execute(
                 "UPDATE flow_instance SET fence = ?, resume_count = resume_count + 1, "
-                "state = CASE state WHEN 'Pending' THEN 'Running' ELSE state END, "
+                "state = CASE WHEN state IN ('Pending', 'Suspended') THEN 'Running' "
+                "ELSE state END, "
                 "updated_at = ?, version = version + 1 WHERE instance_id = ?",
                 (token, to_text(now), instance_id),
             )
@@ -198,6 +230,12 @@ class SqliteJournal:
 
     async def commit(self, commit: StepCommit) -> int | None:
         def tx(conn: sqlite3.Connection) -> int | None:
+            sequence = write(conn)
+            if commit.notify_parent:
+                wake_parent_in(conn, commit.instance_id, commit.now)
+            return sequence
+
+        def write(conn: sqlite3.Connection) -> int | None:
             row = conn.execute(
                 "SELECT fence, next_sequence FROM flow_instance WHERE instance_id = ?",
                 (commit.instance_id,),
@@ -467,6 +505,10 @@ class SqliteStores:
         self.catalog = SqliteCatalog(self.db)
         self.outbox = SqliteOutbox(self.db)
         self.changes = SqliteChanges(self.db)
+        # Imported here: waits.py reads the journal's row shape from this module.
+        from flowx.stores.sqlite.waits import SqliteWaits
+
+        self.waits = SqliteWaits(self.db)
 
     async def create_leased(
         self, instance: NewInstance, *, owner: str, ttl: timedelta, now: datetime

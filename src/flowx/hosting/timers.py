@@ -1,0 +1,120 @@
+"""The timer service: every node wakes Suspended instances whose time has come (R2.11).
+
+A wait is a row (``wake_at`` under a partial index over Suspended rows), never a task: a node
+holds nothing for an instance that sleeps a week (R6.3). The service asks the index for what
+is due, and for each one takes the instance's lease *first* and only then opens it — so two
+nodes that see the same due row never both wake it: one gets the lease, the other skips
+(R3.4's "losing the race is a skip"). A wake found late (the node was down at the time) still
+happens, late; nothing is ever dropped because its moment passed.
+
+Between sweeps it sleeps until the earliest known ``wake_at`` or ``timer_poll_interval``,
+whichever is sooner. A wait sealed on this node pokes it, so a short sleep wakes on time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime
+
+from flowx.clock import Clock
+from flowx.errors import FlowXError
+from flowx.hosting.recovery import ResumeVerdict
+from flowx.hosting.settings import HostSettings
+from flowx.stores.protocols import WaitStore
+from flowx.stores.records import RecoveryCandidate
+
+log = logging.getLogger("flowx.timers")
+
+#: ``wake(candidate)``: take the lease, open the instance and run it here.
+Wake = Callable[[RecoveryCandidate], Awaitable[ResumeVerdict]]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TimerSweep:
+    """What one sweep of the timer service found and did."""
+
+    due: int = 0
+    woken: int = 0
+    lost_race: int = 0
+    not_runnable: int = 0
+    #: No free flow slot: nothing was asked for.
+    skipped_busy: bool = False
+    #: The earliest wake still ahead, if the store knows one.
+    next_wake: datetime | None = None
+
+
+class TimerService:
+    """One node's timer waker."""
+
+    def __init__(
+        self,
+        *,
+        waits: WaitStore,
+        settings: HostSettings,
+        clock: Clock,
+        wake: Wake,
+        free_flow_slots: Callable[[], int],
+    ) -> None:
+        self._waits = waits
+        self._settings = settings
+        self._clock = clock
+        self._wake = wake
+        self._free = free_flow_slots
+        self._poked = asyncio.Event()
+
+    def poke(self) -> None:
+        """A wait was sealed here, or a slot came free: sweep again now, which also learns
+        the new earliest wake."""
+        self._poked.set()
+
+    async def run_once(self) -> TimerSweep:
+        free = self._free()
+        if free <= 0:
+            return TimerSweep(skipped_busy=True)
+        now = self._clock.now()
+        due = await self._waits.find_due(now=now, limit=min(free, self._settings.timer_batch_size))
+        counts = {"resumed": 0, "lost_race": 0, "not_runnable": 0, "gone": 0}
+        for candidate in due:
+            try:
+                verdict = await self._wake(candidate)
+            except FlowXError as exc:
+                log.warning("timer: waking %s failed: %s", candidate.instance_id, exc)
+                verdict = "lost_race"
+            counts[verdict] += 1
+        upcoming = await self._waits.next_wake()
+        return TimerSweep(
+            due=len(due),
+            woken=counts["resumed"],
+            lost_race=counts["lost_race"],
+            not_runnable=counts["not_runnable"],
+            next_wake=upcoming,
+        )
+
+    async def run_forever(self, stop: asyncio.Event) -> None:
+        poll = self._settings.timer_poll_interval.total_seconds()
+        while not stop.is_set():
+            self._poked.clear()
+            delay = poll
+            try:
+                sweep = await self.run_once()
+            except Exception as exc:  # a store outage: keep the loop, say so, try again
+                log.warning("timer sweep failed (%s); retrying in %.1fs", exc, poll)
+            else:
+                # A due row it could not take (not carried here, or lost to a peer that is
+                # about to run it) must not turn the loop hot: then it waits the full poll.
+                stuck = sweep.due > 0 and sweep.woken == 0
+                if sweep.next_wake is not None and not stuck:
+                    ahead = (sweep.next_wake - self._clock.now()).total_seconds()
+                    delay = min(poll, max(ahead, 0.0))
+            stopped = asyncio.ensure_future(stop.wait())
+            poked = asyncio.ensure_future(self._poked.wait())
+            try:
+                await asyncio.wait(
+                    [stopped, poked], timeout=delay, return_when=asyncio.FIRST_COMPLETED
+                )
+            finally:
+                stopped.cancel()
+                poked.cancel()

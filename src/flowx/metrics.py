@@ -1,0 +1,54 @@
+"""Counters an operator alerts on, exported through prometheus-client when it is installed.
+
+``flowx[prometheus]`` brings the library; without it the counters still count in-process (so
+tests and ``flowx`` tooling can read them) and nothing is exported. Nothing here is on the
+step-commit hot path.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import Any
+
+_prometheus: Any
+try:  # optional: flowx[prometheus]
+    import prometheus_client as _prometheus
+except ImportError:  # pragma: no cover - exercised only without the extra
+    _prometheus = None
+
+
+class _LabelledCounter:
+    def __init__(self, name: str, documentation: str, label: str) -> None:
+        self.name = name
+        self._label = label
+        self._counts: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        self._exported: Any = None
+        if _prometheus is not None:
+            try:
+                self._exported = _prometheus.Counter(name, documentation, [label])
+            except ValueError:  # already registered (a module reloaded in tests)
+                self._exported = None
+
+    def inc(self, value: str) -> None:
+        with self._lock:
+            self._counts[value] += 1
+        if self._exported is not None:
+            self._exported.labels(value).inc()
+
+    def get(self, value: str) -> int:
+        with self._lock:
+            return self._counts[value]
+
+
+#: Raised once per instance that ran out of compensation attempts (SPEC §8), by flow id.
+COMPENSATION_FAILED = _LabelledCounter(
+    "flowx_compensation_failed",
+    "Instances that ended CompensationFailed: a compensation ran out of attempts",
+    "flow",
+)
+#: Instances that passed their flow deadline and were moved to TimedOut, by flow id.
+DEADLINE_EXCEEDED = _LabelledCounter(
+    "flowx_deadline_exceeded", "Instances that passed their flow deadline", "flow"
+)

@@ -1,0 +1,211 @@
+"""``WaitStore`` on the SQLite file: suspend, signal, the timer's due list, and replay
+(R2.10, R2.11).
+
+Every write runs inside ``SqliteDatabase.write`` (``BEGIN IMMEDIATE``): the file's write lock
+is held from the first statement, so a suspend's check and its seal, or a signal's insert and
+its wake, cannot interleave with another process's. Timestamps are written with ``to_text``
+(fixed-width UTC), so the textual comparisons on ``wake_at`` are time comparisons.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Final
+
+from flowx.stores.errors import FencedOut, InstanceFinished, UnknownInstance
+from flowx.stores.records import (
+    InstanceRecord,
+    InstanceState,
+    RecoveryCandidate,
+    SignalReceipt,
+    SignalRecord,
+    SuspendCommit,
+)
+from flowx.stores.sqlite.database import SqliteDatabase, from_text, to_text
+from flowx.stores.sqlite.store import _SELECT_INSTANCE, _instance
+
+# Primary key.
+FENCE_OF: Final = "SELECT fence FROM flow_instance WHERE instance_id = ?"
+# Is there a reason not to seal? An unconsumed signal of the awaited name
+# (flow_signal_inbox_idx; ``consumed`` is a JSON array of seqs), or a child that has already
+# ended (primary key). A null name or child matches nothing.
+SUSPEND_BLOCKED: Final = (
+    "SELECT EXISTS (SELECT 1 FROM flow_signal WHERE instance_id = :instance_id "
+    "AND name = :signal AND seq NOT IN (SELECT value FROM json_each(:consumed))) "
+    "OR EXISTS (SELECT 1 FROM flow_instance WHERE instance_id = :child "
+    "AND state IN ('Completed', 'Failed', 'TimedOut', 'CompensationFailed'))"
+)
+# The seal: parking and scheduling the wake are this one write (R2.11). Primary key.
+SUSPEND: Final = (
+    "UPDATE flow_instance SET state = 'Suspended', wake_at = :wake_at, "
+    "wake_step_id = :step_id, wake_scope = :scope, wake_signal = :signal, "
+    "state_bag = coalesce(:state_bag, state_bag), updated_at = :now, "
+    "version = version + 1 WHERE instance_id = :instance_id"
+)
+
+# Primary key.
+STATE_OF: Final = "SELECT state FROM flow_instance WHERE instance_id = ?"
+# flow_signal_key_idx.
+SIGNAL_BY_KEY: Final = "SELECT seq FROM flow_signal WHERE instance_id = ? AND name = ? AND key = ?"
+# The payload text is kept exactly as sent (R2.1).
+INSERT_SIGNAL: Final = (
+    "INSERT INTO flow_signal (instance_id, name, key, payload, received_at) "
+    "VALUES (?, ?, ?, ?, ?) RETURNING seq"
+)
+# Wake the instance if it waits for this name. Primary key.
+WAKE_ON_SIGNAL: Final = (
+    "UPDATE flow_instance SET state = 'Pending', updated_at = ?, version = version + 1 "
+    "WHERE instance_id = ? AND state = 'Suspended' AND wake_signal = ?"
+)
+# flow_signal_inbox_idx, in seq order.
+SELECT_SIGNALS: Final = (
+    "SELECT instance_id, name, seq, key, payload, received_at FROM flow_signal "
+    "WHERE instance_id = ? AND name = ? ORDER BY seq"
+)
+
+# flow_instance_wake_idx, read in wake_at order: no sort.
+FIND_DUE: Final = (
+    "SELECT instance_id, flow_id, flow_version, state, updated_at "
+    "FROM flow_instance INDEXED BY flow_instance_wake_idx "
+    "WHERE state = 'Suspended' AND wake_at <= ? ORDER BY wake_at LIMIT ?"
+)
+# flow_instance_wake_idx: min() over an index is its first entry.
+NEXT_WAKE: Final = "SELECT min(wake_at) FROM flow_instance WHERE state = 'Suspended'"
+
+# A replay re-opens the instance; history is untouched. Primary key.
+REARM: Final = (
+    "UPDATE flow_instance SET state = 'Pending', replay_sequence = next_sequence, "
+    "resume_from_step = ?, updated_at = ?, version = version + 1 WHERE instance_id = ?"
+)
+
+
+def _check_fence(conn: sqlite3.Connection, instance_id: str, token: int) -> None:
+    row = conn.execute(FENCE_OF, (instance_id,)).fetchone()
+    if row is None:
+        raise UnknownInstance(instance_id)
+    if token < row[0]:
+        raise FencedOut(instance_id, token, row[0])
+
+
+class SqliteWaits:
+    """``WaitStore``: each write one ``BEGIN IMMEDIATE`` transaction."""
+
+    def __init__(self, db: SqliteDatabase) -> None:
+        self._db = db
+
+    async def suspend(self, commit: SuspendCommit) -> bool:
+        wake = commit.wake
+
+        def tx(conn: sqlite3.Connection) -> bool:
+            _check_fence(conn, commit.instance_id, commit.token)
+            blocked = conn.execute(
+                SUSPEND_BLOCKED,
+                {
+                    "instance_id": commit.instance_id,
+                    "signal": wake.signal,
+                    "consumed": json.dumps(list(commit.consumed)),
+                    "child": commit.child,
+                },
+            ).fetchone()[0]
+            if blocked:
+                return False
+            conn.execute(
+                SUSPEND,
+                {
+                    "instance_id": commit.instance_id,
+                    "wake_at": to_text(wake.at) if wake.at is not None else None,
+                    "step_id": wake.step_id,
+                    "scope": wake.scope,
+                    "signal": wake.signal,
+                    "state_bag": commit.state_bag,
+                    "now": to_text(commit.now),
+                },
+            )
+            return True
+
+        return await self._db.write(tx)
+
+    async def signal(
+        self, instance_id: str, name: str, payload: str, *, key: str | None, now: datetime
+    ) -> SignalReceipt:
+        def tx(conn: sqlite3.Connection) -> SignalReceipt:
+            row = conn.execute(STATE_OF, (instance_id,)).fetchone()
+            if row is None:
+                raise UnknownInstance(instance_id)
+            state = InstanceState(row[0])
+            if state.terminal:
+                raise InstanceFinished(instance_id, state.value)
+            if key is not None:
+                found = conn.execute(SIGNAL_BY_KEY, (instance_id, name, key)).fetchone()
+                if found is not None:
+                    return SignalReceipt(
+                        instance_id=instance_id,
+                        name=name,
+                        seq=found[0],
+                        status="duplicate",
+                        state=state,
+                    )
+            seq = conn.execute(
+                INSERT_SIGNAL, (instance_id, name, key, payload, to_text(now))
+            ).fetchone()[0]
+            woken = conn.execute(WAKE_ON_SIGNAL, (to_text(now), instance_id, name)).rowcount == 1
+            return SignalReceipt(
+                instance_id=instance_id,
+                name=name,
+                seq=seq,
+                status="woken" if woken else "kept",
+                state=InstanceState.PENDING if woken else state,
+            )
+
+        return await self._db.write(tx)
+
+    async def signals(self, instance_id: str, name: str) -> Sequence[SignalRecord]:
+        def q(conn: sqlite3.Connection) -> Sequence[SignalRecord]:
+            return tuple(
+                SignalRecord(
+                    instance_id=r[0],
+                    name=r[1],
+                    seq=r[2],
+                    key=r[3],
+                    payload=r[4],
+                    received_at=from_text(r[5]),
+                )
+                for r in conn.execute(SELECT_SIGNALS, (instance_id, name))
+            )
+
+        return await self._db.run(q)
+
+    async def find_due(self, *, now: datetime, limit: int) -> Sequence[RecoveryCandidate]:
+        def q(conn: sqlite3.Connection) -> Sequence[RecoveryCandidate]:
+            return tuple(
+                RecoveryCandidate(
+                    instance_id=r[0],
+                    flow_id=r[1],
+                    flow_version=r[2],
+                    state=InstanceState(r[3]),
+                    updated_at=from_text(r[4]),
+                )
+                for r in conn.execute(FIND_DUE, (to_text(now), limit))
+            )
+
+        return await self._db.run(q)
+
+    async def next_wake(self) -> datetime | None:
+        def q(conn: sqlite3.Connection) -> datetime | None:
+            row = conn.execute(NEXT_WAKE).fetchone()
+            return from_text(row[0]) if row is not None and row[0] is not None else None
+
+        return await self._db.run(q)
+
+    async def rearm(
+        self, instance_id: str, *, token: int, now: datetime, from_step: int
+    ) -> InstanceRecord:
+        def tx(conn: sqlite3.Connection) -> InstanceRecord:
+            _check_fence(conn, instance_id, token)
+            conn.execute(REARM, (from_step, to_text(now), instance_id))
+            return _instance(conn.execute(_SELECT_INSTANCE, (instance_id,)).fetchone())
+
+        return await self._db.write(tx)

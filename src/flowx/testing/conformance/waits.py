@@ -1,0 +1,549 @@
+"""``WaitStore`` conformance: suspend, signal, the timer's due list, a child waking its parent,
+and replay (R2.10, R2.11, R6.3)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from flowx.stores.errors import FencedOut, InstanceFinished, UnknownInstance
+from flowx.stores.records import (
+    CHILD_WAIT,
+    InstanceState,
+    Outcome,
+    StepCommit,
+    SuspendCommit,
+    Wake,
+)
+from flowx.testing.conformance._support import at, instance, new_id, step
+
+
+async def _make(stores: Any, *, token: int = 1, **kw: Any) -> str:
+    created = await stores.journal.create(instance(**kw), token=token, now=at(0))
+    iid: str = created.instance.instance_id
+    return iid
+
+
+def _suspend(
+    iid: str,
+    *,
+    token: int = 1,
+    now: float = 5,
+    step_id: int = 2,
+    scope: str = "",
+    wake_at: float | None = None,
+    signal: str | None = None,
+    state_bag: str | None = None,
+    consumed: tuple[int, ...] = (),
+    child: str | None = None,
+) -> SuspendCommit:
+    return SuspendCommit(
+        instance_id=iid,
+        token=token,
+        now=at(now),
+        wake=Wake(
+            step_id=step_id,
+            scope=scope,
+            at=at(wake_at) if wake_at is not None else None,
+            signal=signal,
+        ),
+        state_bag=state_bag,
+        consumed=consumed,
+        child=child,
+    )
+
+
+class WaitStoreConformance:
+    """Subclass it where a ``stores`` fixture (class or module level) yields an opened,
+    empty ``Stores``."""
+
+    # ------------------------------------------------------------------ suspend
+
+    async def test_a_new_instance_waits_for_nothing(self, stores: Any) -> None:
+        got = await stores.journal.get(await _make(stores))
+        assert (got.wake_at, got.wake_step_id, got.wake_scope, got.wake_signal) == (
+            None,
+            None,
+            None,
+            None,
+        )
+        assert (got.replay_sequence, got.resume_from_step) == (None, None)
+
+    async def test_suspend_seals_the_instance_at_its_wait(self, stores: Any) -> None:
+        iid = await _make(stores)
+        await stores.journal.commit(StepCommit(instance_id=iid, token=1, now=at(1), step=step(1)))
+        sealed = await stores.waits.suspend(
+            _suspend(
+                iid,
+                step_id=2,
+                scope="3/1",
+                wake_at=60,
+                signal="approval",
+                state_bag='{"b":1, "a":2}',
+            )
+        )
+        assert sealed is True
+        got = await stores.journal.get(iid)
+        assert got.state is InstanceState.SUSPENDED
+        assert got.wake_at == at(60)
+        assert (got.wake_step_id, got.wake_scope, got.wake_signal) == (2, "3/1", "approval")
+        assert got.state_bag == '{"b":1, "a":2}'
+        assert got.updated_at == at(5)
+        # No step row and no sequence: a wait is a property of the instance.
+        assert got.next_sequence == 2
+        assert [r.step_id for r in await stores.journal.steps(iid)] == [1]
+
+    async def test_suspend_without_a_state_bag_keeps_the_last_one(self, stores: Any) -> None:
+        iid = await _make(stores, state_bag='{"kept": true}')
+        assert await stores.waits.suspend(_suspend(iid, wake_at=30)) is True
+        got = await stores.journal.get(iid)
+        assert got.state_bag == '{"kept": true}'
+        assert got.wake_signal is None and got.wake_at == at(30)
+
+    async def test_suspend_under_a_stale_token_is_refused_and_writes_nothing(
+        self, stores: Any
+    ) -> None:
+        iid = await _make(stores, token=5)
+        with pytest.raises(FencedOut) as refused:
+            await stores.waits.suspend(
+                _suspend(iid, token=4, wake_at=60, signal="go", state_bag='{"z":1}')
+            )
+        assert (refused.value.token, refused.value.fence) == (4, 5)
+        got = await stores.journal.get(iid)
+        assert got.state is InstanceState.RUNNING
+        assert (got.wake_at, got.wake_step_id, got.wake_scope, got.wake_signal) == (
+            None,
+            None,
+            None,
+            None,
+        )
+        assert got.state_bag == "{}"
+        assert got.updated_at == at(0)
+
+    async def test_suspend_of_an_unknown_instance_is_refused(self, stores: Any) -> None:
+        with pytest.raises(UnknownInstance):
+            await stores.waits.suspend(_suspend(new_id(), signal="go"))
+
+    async def test_suspend_does_not_seal_while_an_unconsumed_signal_waits(
+        self, stores: Any
+    ) -> None:
+        iid = await _make(stores)
+        first = await stores.waits.signal(iid, "approval", '{"ok":1}', key=None, now=at(1))
+        assert first.status == "kept"
+        sealed = await stores.waits.suspend(
+            _suspend(iid, wake_at=60, signal="approval", state_bag='{"x":1}')
+        )
+        assert sealed is False
+        got = await stores.journal.get(iid)
+        assert got.state is InstanceState.RUNNING
+        assert (got.wake_at, got.wake_signal, got.state_bag) == (None, None, "{}")
+        assert got.updated_at == at(0)
+        # Once that signal is consumed, the next wait for the same name seals.
+        assert (
+            await stores.waits.suspend(
+                _suspend(iid, wake_at=60, signal="approval", consumed=(first.seq,))
+            )
+            is True
+        )
+        got = await stores.journal.get(iid)
+        assert (got.state, got.wake_signal) == (InstanceState.SUSPENDED, "approval")
+
+    async def test_only_a_signal_of_the_awaited_name_stops_the_seal(self, stores: Any) -> None:
+        iid = await _make(stores)
+        await stores.waits.signal(iid, "other", "{}", key=None, now=at(1))
+        assert await stores.waits.suspend(_suspend(iid, signal="approval")) is True
+        assert (await stores.journal.get(iid)).state is InstanceState.SUSPENDED
+
+    async def test_suspend_does_not_seal_when_the_child_has_already_ended(
+        self, stores: Any
+    ) -> None:
+        parent = await _make(stores)
+        ended = await _make(stores, parent_instance_id=parent, parent_step_id=4, parent_scope="")
+        await stores.journal.commit(
+            StepCommit(instance_id=ended, token=1, now=at(2), state=InstanceState.FAILED)
+        )
+        sealed = await stores.waits.suspend(
+            _suspend(parent, step_id=4, signal=CHILD_WAIT, child=ended)
+        )
+        assert sealed is False
+        assert (await stores.journal.get(parent)).state is InstanceState.RUNNING
+        running = await _make(stores, parent_instance_id=parent, parent_step_id=4, parent_scope="")
+        sealed = await stores.waits.suspend(
+            _suspend(parent, step_id=4, signal=CHILD_WAIT, child=running)
+        )
+        assert sealed is True
+        got = await stores.journal.get(parent)
+        assert (got.state, got.wake_signal, got.wake_step_id) == (
+            InstanceState.SUSPENDED,
+            CHILD_WAIT,
+            4,
+        )
+
+    # ------------------------------------------------------------------ signal
+
+    async def test_a_signal_wakes_an_instance_waiting_for_it(self, stores: Any) -> None:
+        iid = await _make(stores)
+        await stores.waits.suspend(_suspend(iid, step_id=3, wake_at=600, signal="approval"))
+        receipt = await stores.waits.signal(iid, "approval", '{"by":"ann"}', key="k", now=at(9))
+        assert (receipt.instance_id, receipt.name, receipt.status) == (iid, "approval", "woken")
+        assert receipt.state is InstanceState.PENDING
+        got = await stores.journal.get(iid)
+        assert got.state is InstanceState.PENDING
+        assert got.updated_at == at(9)
+        # The wait stays readable, so the run that resumes it keeps the same deadline.
+        assert (got.wake_step_id, got.wake_at, got.wake_signal) == (3, at(600), "approval")
+        [kept] = await stores.waits.signals(iid, "approval")
+        assert (kept.seq, kept.key, kept.payload) == (receipt.seq, "k", '{"by":"ann"}')
+
+    async def test_a_signal_for_another_wait_or_a_running_instance_is_kept(
+        self, stores: Any
+    ) -> None:
+        waiting = await _make(stores)
+        await stores.waits.suspend(_suspend(waiting, signal="approval"))
+        sleeping = await _make(stores)
+        await stores.waits.suspend(_suspend(sleeping, wake_at=60))
+        running = await _make(stores)
+        for iid, state in (
+            (waiting, InstanceState.SUSPENDED),
+            (sleeping, InstanceState.SUSPENDED),
+            (running, InstanceState.RUNNING),
+        ):
+            receipt = await stores.waits.signal(iid, "rejection", "{}", key=None, now=at(9))
+            assert (receipt.status, receipt.state) == ("kept", state)
+            got = await stores.journal.get(iid)
+            assert got.state is state
+            assert got.updated_at != at(9)
+            assert [s.seq for s in await stores.waits.signals(iid, "rejection")] == [receipt.seq]
+
+    async def test_a_repeated_key_is_a_duplicate_and_writes_nothing(self, stores: Any) -> None:
+        iid = await _make(stores)
+        first = await stores.waits.signal(iid, "pay", '{"n":1}', key="msg-1", now=at(1))
+        again = await stores.waits.signal(iid, "pay", '{"n":2}', key="msg-1", now=at(2))
+        assert first.status == "kept"
+        assert (again.status, again.seq, again.state) == (
+            "duplicate",
+            first.seq,
+            InstanceState.RUNNING,
+        )
+        rows = await stores.waits.signals(iid, "pay")
+        assert [(r.seq, r.payload, r.received_at) for r in rows] == [(first.seq, '{"n":1}', at(1))]
+        # The key is per (instance, name); no key is never a duplicate.
+        other = await stores.waits.signal(iid, "refund", "{}", key="msg-1", now=at(3))
+        assert other.status == "kept"
+        await stores.waits.signal(iid, "pay", '{"n":3}', key=None, now=at(4))
+        await stores.waits.signal(iid, "pay", '{"n":4}', key=None, now=at(5))
+        rows = await stores.waits.signals(iid, "pay")
+        assert [r.payload for r in rows] == ['{"n":1}', '{"n":3}', '{"n":4}']
+
+    async def test_a_duplicate_does_not_wake_a_later_wait(self, stores: Any) -> None:
+        iid = await _make(stores)
+        first = await stores.waits.signal(iid, "pay", "{}", key="msg-1", now=at(1))
+        await stores.waits.suspend(_suspend(iid, signal="pay", consumed=(first.seq,)))
+        again = await stores.waits.signal(iid, "pay", "{}", key="msg-1", now=at(2))
+        assert (again.status, again.state) == ("duplicate", InstanceState.SUSPENDED)
+        assert (await stores.journal.get(iid)).state is InstanceState.SUSPENDED
+
+    async def test_a_signal_to_an_unknown_instance_is_refused(self, stores: Any) -> None:
+        missing = new_id()
+        with pytest.raises(UnknownInstance):
+            await stores.waits.signal(missing, "go", "{}", key=None, now=at(1))
+        assert list(await stores.waits.signals(missing, "go")) == []
+
+    @pytest.mark.parametrize(
+        "state",
+        [
+            InstanceState.COMPLETED,
+            InstanceState.FAILED,
+            InstanceState.TIMED_OUT,
+            InstanceState.COMPENSATION_FAILED,
+        ],
+    )
+    async def test_a_signal_to_a_finished_instance_is_refused_and_not_kept(
+        self, stores: Any, state: InstanceState
+    ) -> None:
+        iid = await _make(stores)
+        await stores.journal.commit(StepCommit(instance_id=iid, token=1, now=at(1), state=state))
+        with pytest.raises(InstanceFinished) as refused:
+            await stores.waits.signal(iid, "go", "{}", key="k", now=at(2))
+        assert (refused.value.instance_id, refused.value.state) == (iid, state.value)
+        assert list(await stores.waits.signals(iid, "go")) == []
+        got = await stores.journal.get(iid)
+        assert (got.state, got.updated_at) == (state, at(1))
+
+    async def test_the_inbox_is_in_arrival_order_and_byte_for_byte(self, stores: Any) -> None:
+        a = await _make(stores)
+        b = await _make(stores)
+        odd = ['{"b":1, "a":2}', ' [1,  2.50 ,"x"] ', '{"z":1,"z":2}']
+        r1 = await stores.waits.signal(a, "s", odd[0], key="one", now=at(1))
+        rb = await stores.waits.signal(b, "s", "{}", key=None, now=at(2))
+        r2 = await stores.waits.signal(a, "s", odd[1], key=None, now=at(3))
+        await stores.waits.signal(a, "t", "{}", key=None, now=at(4))
+        r3 = await stores.waits.signal(a, "s", odd[2], key="three", now=at(5))
+        assert r1.seq < rb.seq < r2.seq < r3.seq  # one order of arrival across instances
+        rows = await stores.waits.signals(a, "s")
+        assert [(r.instance_id, r.name, r.seq, r.key, r.payload, r.received_at) for r in rows] == [
+            (a, "s", r1.seq, "one", odd[0], at(1)),
+            (a, "s", r2.seq, None, odd[1], at(3)),
+            (a, "s", r3.seq, "three", odd[2], at(5)),
+        ]
+        assert [r.seq for r in await stores.waits.signals(b, "s")] == [rb.seq]
+
+    async def test_no_wake_up_is_lost_between_a_suspend_and_a_signal(self, stores: Any) -> None:
+        """Whichever runs first, the instance either does not seal (the signal was there) or
+        is woken by it: it never stays Suspended with its signal in the inbox."""
+        for n in range(12):
+            iid = await _make(stores)
+            sealed, receipt = await asyncio.gather(
+                stores.waits.suspend(_suspend(iid, signal="go")),
+                stores.waits.signal(iid, "go", f'{{"n":{n}}}', key=None, now=at(6)),
+            )
+            got = await stores.journal.get(iid)
+            if sealed:
+                assert receipt.status == "woken"
+                assert got.state is InstanceState.PENDING
+            else:
+                assert receipt.status == "kept"
+                assert got.state is InstanceState.RUNNING
+
+    # ------------------------------------------------------------------ timers
+
+    async def test_find_due_returns_due_suspended_instances_earliest_first(
+        self, stores: Any
+    ) -> None:
+        late = await _make(stores)
+        await stores.waits.suspend(_suspend(late, wake_at=30))
+        early = await _make(stores)
+        await stores.waits.suspend(_suspend(early, wake_at=10))
+        exactly_now = await _make(stores)
+        await stores.waits.suspend(_suspend(exactly_now, wake_at=40, signal="go"))
+        not_yet = await _make(stores)
+        await stores.waits.suspend(_suspend(not_yet, wake_at=41))
+        no_timer = await _make(stores)
+        await stores.waits.suspend(_suspend(no_timer, signal="go"))
+        woken = await _make(stores)
+        await stores.waits.suspend(_suspend(woken, wake_at=5, signal="go"))
+        await stores.waits.signal(woken, "go", "{}", key=None, now=at(6))  # Pending now
+        await _make(stores)  # running, never waited
+
+        due = await stores.waits.find_due(now=at(40), limit=10)
+        assert [c.instance_id for c in due] == [early, late, exactly_now]
+        assert all(c.state is InstanceState.SUSPENDED for c in due)
+        assert all(c.flow_id == "conformance.flow" and c.flow_version == "1.0.0" for c in due)
+        assert due[0].updated_at == at(5)
+        page = await stores.waits.find_due(now=at(40), limit=2)
+        assert [c.instance_id for c in page] == [early, late]
+        assert list(await stores.waits.find_due(now=at(9), limit=10)) == []
+
+    async def test_next_wake_is_the_earliest_timer_of_a_suspended_instance(
+        self, stores: Any
+    ) -> None:
+        assert await stores.waits.next_wake() is None
+        no_timer = await _make(stores)
+        await stores.waits.suspend(_suspend(no_timer, signal="go"))
+        assert await stores.waits.next_wake() is None
+        later = await _make(stores)
+        await stores.waits.suspend(_suspend(later, wake_at=90))
+        sooner = await _make(stores)
+        await stores.waits.suspend(_suspend(sooner, wake_at=20, signal="go"))
+        assert await stores.waits.next_wake() == at(20)
+        await stores.waits.signal(sooner, "go", "{}", key=None, now=at(7))  # no longer waits
+        assert await stores.waits.next_wake() == at(90)
+
+    async def test_open_runs_a_suspended_instance(self, stores: Any) -> None:
+        iid = await _make(stores)
+        await stores.waits.suspend(_suspend(iid, step_id=2, scope="1", wake_at=30))
+        history = await stores.journal.open(iid, token=2, now=at(31))
+        assert history.instance.state is InstanceState.RUNNING
+        assert history.instance.fence == 2
+        assert (history.instance.wake_at, history.instance.wake_step_id) == (at(30), 2)
+        got = await stores.journal.get(iid)
+        assert got.state is InstanceState.RUNNING
+        assert list(await stores.waits.find_due(now=at(60), limit=10)) == []
+
+    # ------------------------------------------------------------------ sub-flows
+
+    async def test_a_childs_end_wakes_only_the_parent_waiting_for_it(self, stores: Any) -> None:
+        parent = await _make(stores)
+        await stores.waits.suspend(_suspend(parent, step_id=4, scope="2", signal=CHILD_WAIT))
+        child = await _make(stores, parent_instance_id=parent, parent_step_id=4, parent_scope="2")
+        # Another parent, waiting on a child at another step: its child's end at step 4 is
+        # not what it waits for.
+        elsewhere = await _make(stores)
+        await stores.waits.suspend(_suspend(elsewhere, step_id=5, scope="2", signal=CHILD_WAIT))
+        stray = await _make(
+            stores, parent_instance_id=elsewhere, parent_step_id=4, parent_scope="2"
+        )
+        # A parent in another scope, and one waiting for a signal at the same step.
+        other_scope = await _make(stores)
+        await stores.waits.suspend(_suspend(other_scope, step_id=4, scope="3", signal=CHILD_WAIT))
+        stray_scope = await _make(
+            stores, parent_instance_id=other_scope, parent_step_id=4, parent_scope="2"
+        )
+        on_signal = await _make(stores)
+        await stores.waits.suspend(_suspend(on_signal, step_id=4, scope="2", signal="go"))
+        stray_signal = await _make(
+            stores, parent_instance_id=on_signal, parent_step_id=4, parent_scope="2"
+        )
+
+        seq = await stores.journal.commit(
+            StepCommit(
+                instance_id=child,
+                token=1,
+                now=at(20),
+                step=step(1),
+                state=InstanceState.COMPLETED,
+                notify_parent=True,
+            )
+        )
+        assert seq == 1
+        got = await stores.journal.get(parent)
+        assert (got.state, got.updated_at) == (InstanceState.PENDING, at(20))
+        assert (await stores.journal.get(child)).state is InstanceState.COMPLETED
+        for iid in (stray, stray_scope, stray_signal):
+            await stores.journal.commit(
+                StepCommit(
+                    instance_id=iid,
+                    token=1,
+                    now=at(21),
+                    state=InstanceState.COMPLETED,
+                    notify_parent=True,
+                )
+            )
+        for waiting in (elsewhere, other_scope, on_signal):
+            got = await stores.journal.get(waiting)
+            assert (got.state, got.updated_at) == (InstanceState.SUSPENDED, at(5))
+
+    async def test_a_commit_that_does_not_notify_leaves_the_parent_waiting(
+        self, stores: Any
+    ) -> None:
+        parent = await _make(stores)
+        await stores.waits.suspend(_suspend(parent, step_id=4, signal=CHILD_WAIT))
+        child = await _make(stores, parent_instance_id=parent, parent_step_id=4, parent_scope="")
+        await stores.journal.commit(
+            StepCommit(instance_id=child, token=1, now=at(20), state=InstanceState.COMPLETED)
+        )
+        assert (await stores.journal.get(parent)).state is InstanceState.SUSPENDED
+
+    async def test_a_refused_notifying_commit_wakes_nobody(self, stores: Any) -> None:
+        parent = await _make(stores)
+        await stores.waits.suspend(_suspend(parent, step_id=4, signal=CHILD_WAIT))
+        child = await _make(
+            stores, token=3, parent_instance_id=parent, parent_step_id=4, parent_scope=""
+        )
+        with pytest.raises(FencedOut):
+            await stores.journal.commit(
+                StepCommit(
+                    instance_id=child,
+                    token=2,
+                    now=at(20),
+                    step=step(1),
+                    state=InstanceState.COMPLETED,
+                    notify_parent=True,
+                )
+            )
+        assert (await stores.journal.get(parent)).state is InstanceState.SUSPENDED
+        assert (await stores.journal.get(child)).state is InstanceState.RUNNING
+
+    async def test_notify_parent_without_a_parent_is_a_plain_commit(self, stores: Any) -> None:
+        iid = await _make(stores)
+        seq = await stores.journal.commit(
+            StepCommit(
+                instance_id=iid,
+                token=1,
+                now=at(3),
+                step=step(1),
+                state=InstanceState.COMPLETED,
+                state_bag='{"done":1}',
+                notify_parent=True,
+            )
+        )
+        assert seq == 1
+        got = await stores.journal.get(iid)
+        assert (got.state, got.state_bag, got.next_sequence) == (
+            InstanceState.COMPLETED,
+            '{"done":1}',
+            2,
+        )
+
+    async def test_no_wake_up_is_lost_between_a_parent_suspend_and_its_childs_end(
+        self, stores: Any
+    ) -> None:
+        for _ in range(12):
+            parent = await _make(stores)
+            child = await _make(
+                stores, parent_instance_id=parent, parent_step_id=1, parent_scope=""
+            )
+            sealed, _seq = await asyncio.gather(
+                stores.waits.suspend(_suspend(parent, step_id=1, signal=CHILD_WAIT, child=child)),
+                stores.journal.commit(
+                    StepCommit(
+                        instance_id=child,
+                        token=1,
+                        now=at(6),
+                        step=step(1),
+                        state=InstanceState.COMPLETED,
+                        notify_parent=True,
+                    )
+                ),
+            )
+            got = await stores.journal.get(parent)
+            expected = InstanceState.PENDING if sealed else InstanceState.RUNNING
+            assert got.state is expected
+
+    # ------------------------------------------------------------------ replay
+
+    async def test_rearm_reopens_a_finished_instance_for_a_replay(self, stores: Any) -> None:
+        iid = await _make(stores)
+        j = stores.journal
+        await j.commit(StepCommit(instance_id=iid, token=1, now=at(1), step=step(1)))
+        await j.commit(
+            StepCommit(
+                instance_id=iid,
+                token=1,
+                now=at(2),
+                step=step(2, outcome=Outcome.FAILURE, result='{"e":1}'),
+            )
+        )
+        await j.commit(
+            StepCommit(
+                instance_id=iid,
+                token=1,
+                now=at(3),
+                state=InstanceState.COMPENSATION_FAILED,
+                error='{"why": "x"}',
+            )
+        )
+        await j.open(iid, token=2, now=at(4))
+        record = await stores.waits.rearm(iid, token=2, now=at(9), from_step=2)
+        assert record.state is InstanceState.PENDING
+        assert record.replay_sequence == 3  # the next_sequence it had
+        assert record.next_sequence == 3
+        assert record.resume_from_step == 2
+        assert record.error == '{"why": "x"}'
+        assert record.updated_at == at(9)
+        assert await j.get(iid) == record
+        # The history is not rewritten.
+        rows = await j.steps(iid)
+        assert [(r.step_id, r.outcome) for r in rows] == [
+            (1, Outcome.SUCCESS),
+            (2, Outcome.FAILURE),
+        ]
+
+    async def test_rearm_is_fenced(self, stores: Any) -> None:
+        iid = await _make(stores, token=4)
+        await stores.journal.commit(
+            StepCommit(instance_id=iid, token=4, now=at(1), state=InstanceState.FAILED)
+        )
+        with pytest.raises(FencedOut):
+            await stores.waits.rearm(iid, token=3, now=at(9), from_step=1)
+        got = await stores.journal.get(iid)
+        assert (got.state, got.replay_sequence, got.resume_from_step, got.updated_at) == (
+            InstanceState.FAILED,
+            None,
+            None,
+            at(1),
+        )
+        with pytest.raises(UnknownInstance):
+            await stores.waits.rearm(new_id(), token=1, now=at(9), from_step=1)

@@ -1,0 +1,381 @@
+"""Signals, durable timers and deadlines on the memory store (R2.10, R2.11, SPEC §8).
+
+The timer service is driven one sweep at a time (``host.timers.run_once()``) against a fake
+clock, so every wake-up here happens because a test moved time, never because a test slept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+import flowx
+from flowx.stores.errors import InstanceFinished
+from flowx.stores.records import InstanceState, Outcome, StepRecord
+from flowx.testing import FakeClock
+
+calls: Counter[str] = Counter()
+gates: dict[str, asyncio.Event] = {}
+
+
+@pytest.fixture(autouse=True)
+def _reset() -> None:
+    calls.clear()
+    gates.clear()
+
+
+class Order(BaseModel):
+    order_id: str
+    tenant: str = "acme"
+
+
+class Shipment(BaseModel):
+    carrier: str
+    tracking: str
+
+
+class OrderState(BaseModel):
+    reservation: str | None = None
+    shipment: Shipment | None = None
+    note: str | None = None
+
+
+@flowx.capability("wait.reserve", version="1.0.0")
+async def reserve(ctx: flowx.StepContext, order: Order) -> str:
+    calls["reserve"] += 1
+    gate = gates.get("reserve")
+    if gate is not None:
+        await gate.wait()
+    return f"R-{order.order_id}"
+
+
+@flowx.capability("wait.release", version="1.0.0")
+async def release(ctx: flowx.StepContext, order: Order) -> None:
+    calls["release"] += 1
+
+
+@flowx.capability("wait.chase", version="1.0.0")
+async def chase(ctx: flowx.StepContext, order: Order) -> str:
+    calls["chase"] += 1
+    return "chased the carrier"
+
+
+@flowx.capability("wait.flaky", version="1.0.0")
+async def flaky(ctx: flowx.StepContext, order: Order) -> str:
+    calls["flaky"] += 1
+    raise RuntimeError("the gateway is down")
+
+
+def shipping_flow(**kw: Any) -> flowx.Plan:
+    return (
+        flowx.flow("wait.ship", version="1", input=Order, state=OrderState, **kw)
+        .step(reserve, into="reservation", compensate=release)
+        .await_signal("shipped", Shipment, into="shipment", timeout="2d")
+        .build()
+    )
+
+
+async def rows_of(host: flowx.FlowHost, iid: str) -> list[StepRecord]:
+    assert host.store is not None
+    return list(await host.store.journal.steps(iid))
+
+
+async def until_state(
+    host: flowx.FlowHost, iid: str, state: InstanceState, timeout: float = 5.0
+) -> flowx.stores.records.InstanceRecord:  # type: ignore[name-defined]
+    async def poll() -> Any:
+        while True:
+            record = await host.get(iid)
+            if record.state is state and iid not in host._tasks:
+                return record
+            await asyncio.sleep(0.01)
+
+    return await asyncio.wait_for(poll(), timeout)
+
+
+# -- signals ---------------------------------------------------------------------------------
+
+
+async def test_await_signal_seals_the_instance_and_a_signal_resumes_it(host_factory: Any) -> None:
+    plan = shipping_flow()
+    host = await host_factory(plan)
+    handle = await host.start(plan, Order(order_id="o1"))
+    record = await until_state(host, handle.instance_id, InstanceState.SUSPENDED)
+    # R6.3: a suspended instance is a row, not a task; its lease is released.
+    assert host.in_flight == 0
+    assert record.wake_signal == "shipped" and record.wake_step_id == 2
+    assert record.wake_scope == ""
+    lease = await host.store.leases.current(handle.instance_id)
+    assert lease is not None and lease.expires_at <= host.clock.now()
+
+    receipt = await host.signal(
+        handle.instance_id, "shipped", {"carrier": "dhl", "tracking": "T1"}, key="hook-1"
+    )
+    assert receipt.status == "woken"
+    state = await handle.result(timeout=5)
+    assert state.shipment == Shipment(carrier="dhl", tracking="T1")
+    rows = await rows_of(host, handle.instance_id)
+    signal_rows = [r for r in rows if r.step_id == 2]
+    assert [(r.outcome, r.attempt) for r in signal_rows] == [(Outcome.SUCCESS, 1)]
+    taken = flowx.codec.loads(signal_rows[0].result)
+    assert taken["key"] == "hook-1"
+    assert taken["payload"] == {"carrier": "dhl", "tracking": "T1"}
+
+
+async def test_a_redelivered_signal_is_inert_and_says_so(host_factory: Any) -> None:
+    plan = shipping_flow()
+    host = await host_factory(plan)
+    handle = await host.start(plan, Order(order_id="o2"))
+    await until_state(host, handle.instance_id, InstanceState.SUSPENDED)
+    payload = {"carrier": "ups", "tracking": "T2"}
+    first = await host.signal(handle.instance_id, "shipped", payload, key="delivery-7")
+    again = await host.signal(handle.instance_id, "shipped", payload, key="delivery-7")
+    assert (first.status, again.status) == ("woken", "duplicate")
+    assert again.seq == first.seq
+    await handle.result(timeout=5)
+    assert len(await host.store.waits.signals(handle.instance_id, "shipped")) == 1
+    # Once the instance has ended, a signal is refused rather than kept where nothing reads it.
+    with pytest.raises(InstanceFinished) as info:
+        await host.signal(handle.instance_id, "shipped", payload, key="delivery-8")
+    assert info.value.state == "Completed"
+    assert len(await host.store.waits.signals(handle.instance_id, "shipped")) == 1
+    rows = await rows_of(host, handle.instance_id)
+    assert len([r for r in rows if r.step_id == 2]) == 1
+
+
+async def test_a_signal_that_arrives_before_the_wait_is_kept_and_taken(host_factory: Any) -> None:
+    plan = shipping_flow()
+    host = await host_factory(plan)
+    gates["reserve"] = asyncio.Event()
+    handle = await host.start(plan, Order(order_id="o3"))
+    await asyncio.sleep(0.01)
+    assert (await host.get(handle.instance_id)).state is InstanceState.RUNNING
+    receipt = await host.signal(handle.instance_id, "shipped", {"carrier": "a", "tracking": "b"})
+    assert receipt.status == "kept"
+    gates["reserve"].set()
+    state = await handle.result(timeout=5)
+    assert state.shipment == Shipment(carrier="a", tracking="b")
+
+
+async def test_bad_signals_are_clear_errors_and_keep_nothing(host_factory: Any) -> None:
+    plan = shipping_flow()
+    host = await host_factory(plan)
+    handle = await host.start(plan, Order(order_id="o4"))
+    await until_state(host, handle.instance_id, InstanceState.SUSPENDED)
+    with pytest.raises(flowx.InstanceNotFound):
+        await host.signal("5b0c1d7e-0000-4000-8000-000000000000", "shipped", {})
+    with pytest.raises(flowx.FlowXError) as unknown:
+        await host.signal(handle.instance_id, "delivered", {"carrier": "a", "tracking": "b"})
+    assert unknown.value.code == "signal.unknown" and "shipped" in str(unknown.value)
+    with pytest.raises(flowx.FlowXError) as wrong:
+        await host.signal(handle.instance_id, "shipped", {"carrier": "a"})
+    assert wrong.value.code == "signal.payload_invalid" and "tracking" in str(wrong.value)
+    assert list(await host.store.waits.signals(handle.instance_id, "shipped")) == []
+    assert (await host.get(handle.instance_id)).state is InstanceState.SUSPENDED
+
+
+async def test_a_signal_resumes_the_instance_on_another_node(host_factory: Any) -> None:
+    plan = shipping_flow()
+    first = await host_factory(plan)
+    handle = await first.start(plan, Order(order_id="o5"))
+    await until_state(first, handle.instance_id, InstanceState.SUSPENDED)
+    await first.drain(timeout=1)
+    second = await host_factory(plan)
+    receipt = await second.signal(handle.instance_id, "shipped", '{"carrier":"x","tracking":"y"}')
+    assert receipt.status == "woken"
+    done = await until_state(second, handle.instance_id, InstanceState.COMPLETED)
+    assert OrderState.model_validate_json(done.state_bag).shipment == Shipment(
+        carrier="x", tracking="y"
+    )
+
+
+async def test_a_signal_timeout_takes_the_timeout_branch(
+    host_factory: Any, clock: FakeClock
+) -> None:
+    plan = (
+        flowx.flow("wait.branch", version="1", input=Order, state=OrderState)
+        .step(reserve, into="reservation")
+        .await_signal(
+            "shipped",
+            Shipment,
+            into="shipment",
+            timeout="2d",
+            on_timeout=lambda b: b.step(chase, into="note"),
+        )
+        .build()
+    )
+    host = await host_factory(plan)
+    handle = await host.start(plan, Order(order_id="o6"))
+    record = await until_state(host, handle.instance_id, InstanceState.SUSPENDED)
+    assert record.wake_at == clock.now() + timedelta(days=2)
+    assert (await host.timers.run_once()).woken == 0  # not due yet
+    clock.advance(days=2, seconds=1)
+    sweep = await host.timers.run_once()
+    assert sweep.woken == 1
+    done = await until_state(host, handle.instance_id, InstanceState.COMPLETED)
+    state = OrderState.model_validate_json(done.state_bag)
+    assert state.note == "chased the carrier" and state.shipment is None
+    rows = await rows_of(host, handle.instance_id)
+    assert [r.step_name for r in rows] == ["wait.reserve", "shipped", "wait.chase"]
+    assert flowx.codec.loads(rows[1].result)["timed_out"] is True
+
+
+async def test_a_signal_timeout_with_no_branch_fails_the_flow_and_compensates(
+    host_factory: Any, clock: FakeClock
+) -> None:
+    plan = shipping_flow()
+    host = await host_factory(plan)
+    handle = await host.start(plan, Order(order_id="o7"))
+    await until_state(host, handle.instance_id, InstanceState.SUSPENDED)
+    clock.advance(days=3)
+    assert (await host.timers.run_once()).woken == 1
+    with pytest.raises(flowx.FlowFailed) as failed:
+        await handle.result(timeout=5)
+    assert failed.value.state == "Failed"
+    assert failed.value.error["code"] == "signal.timed_out"
+    assert calls["release"] == 1
+
+
+# -- durable sleep ---------------------------------------------------------------------------
+
+
+def sleepy_flow() -> flowx.Plan:
+    return (
+        flowx.flow("wait.sleep", version="1", input=Order, state=OrderState)
+        .step(reserve, into="reservation")
+        .sleep("1h", name="cool-off")
+        .step(chase, into="note")
+        .build()
+    )
+
+
+async def test_a_sleep_parks_and_schedules_in_one_write_and_wakes_when_due(
+    host_factory: Any, clock: FakeClock
+) -> None:
+    plan = sleepy_flow()
+    host = await host_factory(plan)
+    started = clock.now()
+    handle = await host.start(plan, Order(order_id="s1"))
+    record = await until_state(host, handle.instance_id, InstanceState.SUSPENDED)
+    assert record.wake_at == started + timedelta(hours=1)
+    assert (record.wake_step_id, record.wake_scope, record.wake_signal) == (2, "", None)
+    assert [r.step_name for r in await rows_of(host, handle.instance_id)] == ["wait.reserve"]
+    assert await host.store.waits.next_wake() == started + timedelta(hours=1)
+    clock.advance(minutes=59)
+    assert (await host.timers.run_once()).woken == 0
+    clock.advance(minutes=2)
+    assert (await host.timers.run_once()).woken == 1
+    done = await until_state(host, handle.instance_id, InstanceState.COMPLETED)
+    assert OrderState.model_validate_json(done.state_bag).note == "chased the carrier"
+    assert calls["reserve"] == 1
+    names = [r.step_name for r in await rows_of(host, handle.instance_id)]
+    assert names == ["wait.reserve", "cool-off", "wait.chase"]
+
+
+async def test_a_worker_restarted_after_the_wake_time_wakes_it_late_not_never(
+    host_factory: Any, clock: FakeClock
+) -> None:
+    plan = sleepy_flow()
+    first = await host_factory(plan)
+    handle = await first.start(plan, Order(order_id="s2"))
+    await until_state(first, handle.instance_id, InstanceState.SUSPENDED)
+    await first.drain(timeout=1)
+    clock.advance(days=30)  # every worker was down when it fell due
+    later = await host_factory(plan)
+    assert (await later.timers.run_once()).woken == 1
+    await until_state(later, handle.instance_id, InstanceState.COMPLETED)
+
+
+async def test_two_nodes_sweeping_at_once_wake_an_instance_once(
+    host_factory: Any, clock: FakeClock
+) -> None:
+    plan = sleepy_flow()
+    a = await host_factory(plan)
+    b = await host_factory(plan)
+    handles = [await a.start(plan, Order(order_id=f"s3-{i}")) for i in range(20)]
+    for h in handles:
+        await until_state(a, h.instance_id, InstanceState.SUSPENDED)
+    clock.advance(hours=2)
+    sweeps = await asyncio.gather(a.timers.run_once(), b.timers.run_once())
+    assert sum(s.woken for s in sweeps) == 20
+    for h in handles:
+        await until_state(a, h.instance_id, InstanceState.COMPLETED)
+        rows = await rows_of(a, h.instance_id)
+        assert [r.step_name for r in rows].count("cool-off") == 1
+    assert calls["chase"] == 20
+
+
+async def test_the_timer_service_wakes_a_short_sleep_on_its_own(memory_store: Any) -> None:
+    plan = (
+        flowx.flow("wait.nap", version="1", input=Order, state=OrderState)
+        .sleep("200ms", name="nap")
+        .step(chase, into="note")
+        .build()
+    )
+    async with flowx.FlowHost(store=memory_store, flows=[plan], recovery=False) as host:
+        handle = await host.start(plan, Order(order_id="s4"))
+        state = await handle.result(timeout=5)
+    assert state.note == "chased the carrier"
+
+
+async def test_many_suspended_instances_hold_no_task_or_lease(host_factory: Any) -> None:
+    plan = sleepy_flow()
+    host = await host_factory(plan)
+    handles = [await host.start(plan, Order(order_id=f"m{i}")) for i in range(300)]
+    await host.wait_idle(timeout=10)
+    assert host.in_flight == 0
+    for h in handles[::50]:
+        assert (await host.get(h.instance_id)).state is InstanceState.SUSPENDED
+        lease = await host.store.leases.current(h.instance_id)
+        assert lease is not None and lease.expires_at <= host.clock.now()
+
+
+# -- deadlines -------------------------------------------------------------------------------
+
+
+async def test_a_deadline_passed_while_sleeping_times_out_and_compensates(
+    host_factory: Any, clock: FakeClock
+) -> None:
+    plan = (
+        flowx.flow("wait.deadline", version="1", input=Order, state=OrderState, deadline="1h")
+        .step(reserve, into="reservation", compensate=release)
+        .sleep("1d", name="too-long")
+        .step(chase, into="note")
+        .build()
+    )
+    host = await host_factory(plan)
+    started = clock.now()
+    handle = await host.start(plan, Order(order_id="d1"))
+    record = await until_state(host, handle.instance_id, InstanceState.SUSPENDED)
+    assert record.wake_at == started + timedelta(hours=1)  # the deadline comes first
+    clock.advance(hours=1)
+    assert (await host.timers.run_once()).woken == 1
+    with pytest.raises(flowx.FlowFailed) as failed:
+        await handle.result(timeout=5)
+    assert failed.value.state == "TimedOut"
+    assert failed.value.error["code"] == "flow.deadline_exceeded"
+    assert calls["release"] == 1 and calls["chase"] == 0
+    outcomes = [r.outcome for r in await rows_of(host, handle.instance_id)]
+    assert outcomes == [Outcome.SUCCESS, Outcome.COMPENSATED]
+    assert flowx.metrics.DEADLINE_EXCEEDED.get("wait.deadline") >= 1
+
+
+async def test_a_deadline_passed_between_retries_times_out(host_factory: Any) -> None:
+    plan = (
+        flowx.flow("wait.late", version="1", input=Order, state=OrderState, deadline="10s")
+        .step(reserve, into="reservation", compensate=release)
+        .step(flaky, retry=flowx.Retry(attempts=10, backoff="fixed", initial="4s"))
+        .build()
+    )
+    host = await host_factory(plan)
+    handle = await host.start(plan, Order(order_id="d2"))
+    with pytest.raises(flowx.FlowFailed) as failed:
+        await handle.result(timeout=5)
+    assert failed.value.state == "TimedOut"
+    assert 1 <= calls["flaky"] < 10  # stopped by the deadline, not by the retry budget
+    assert calls["release"] == 1
