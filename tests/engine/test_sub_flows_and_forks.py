@@ -11,6 +11,7 @@ from pydantic import BaseModel
 
 import flowx
 from flowx.engine.runner import child_instance_id
+from flowx.stores.protocols import InstanceQuery
 from flowx.stores.records import InstanceState, Outcome, StepRecord
 
 calls: Counter[str] = Counter()
@@ -197,7 +198,7 @@ async def test_a_child_failure_is_the_parents_step_failure_and_it_compensates(
 
 
 async def test_a_parent_resumed_on_another_node_finds_its_child_and_starts_no_second(
-    host_factory: Any, memory_store: Any
+    host_factory: Any,
 ) -> None:
     plan = parent_flow()
     first = await host_factory(plan)
@@ -208,22 +209,20 @@ async def test_a_parent_resumed_on_another_node_finds_its_child_and_starts_no_se
     gates["label"].set()
     await first.wait_idle(timeout=5)
     await first.drain(timeout=1)
+    second = await host_factory(plan)
     # The child finished on the first node, whose last commit made the parent Pending: any
     # node's recovery sweep takes it from there.
-    assert (await first.get(handle.instance_id)).state in (
+    assert (await second.get(handle.instance_id)).state in (
         InstanceState.PENDING,
         InstanceState.COMPLETED,
     )
-    second = await host_factory(plan)
     await second.recover_once()
     await second.wait_idle(timeout=5)
     record = await second.get(handle.instance_id)
     assert record.state is InstanceState.COMPLETED
-    children = [
-        r
-        for r in memory_store._data.instances.values()
-        if r.parent_instance_id == handle.instance_id
-    ]
+    assert second.store is not None
+    listed = await second.store.catalog.list_instances(InstanceQuery(flow_id="sf.label"))
+    children = [r for r in listed if r.parent_instance_id == handle.instance_id]
     assert len(children) == 1 and calls["label"] == 1
 
 

@@ -379,3 +379,53 @@ async def test_a_deadline_passed_between_retries_times_out(host_factory: Any) ->
     assert failed.value.state == "TimedOut"
     assert 1 <= calls["flaky"] < 10  # stopped by the deadline, not by the retry budget
     assert calls["release"] == 1
+
+
+async def test_a_keyless_redelivery_to_a_wait_already_passed_is_inert_and_says_so(
+    host_factory: Any,
+) -> None:
+    plan = (
+        flowx.flow("wait.twice", version="1", input=Order, state=OrderState)
+        .await_signal("shipped", Shipment, into="shipment")
+        .step(reserve, into="reservation")
+        .build()
+    )
+    host = await host_factory(plan)
+    gates["reserve"] = asyncio.Event()  # holds the instance after its wait
+    handle = await host.start(plan, Order(order_id="o8"))
+    await until_state(host, handle.instance_id, InstanceState.SUSPENDED)
+    payload = {"carrier": "dhl", "tracking": "T8"}
+    assert (await host.signal(handle.instance_id, "shipped", payload)).status == "woken"
+    while calls["reserve"] == 0:
+        await asyncio.sleep(0.01)
+    again = await host.signal(handle.instance_id, "shipped", payload)
+    assert again.status == "duplicate" and again.state is InstanceState.RUNNING
+    assert len(await host.store.waits.signals(handle.instance_id, "shipped")) == 1
+    gates["reserve"].set()
+    await handle.result(timeout=5)
+
+
+async def test_a_signal_after_its_wait_timed_out_is_late_and_kept_nowhere(
+    host_factory: Any, clock: FakeClock
+) -> None:
+    plan = (
+        flowx.flow("wait.late-signal", version="1", input=Order, state=OrderState)
+        .await_signal(
+            "shipped", Shipment, timeout="1h", on_timeout=lambda b: b.step(chase, into="note")
+        )
+        .step(reserve, into="reservation")
+        .build()
+    )
+    host = await host_factory(plan)
+    gates["reserve"] = asyncio.Event()
+    handle = await host.start(plan, Order(order_id="o9"))
+    await until_state(host, handle.instance_id, InstanceState.SUSPENDED)
+    clock.advance(hours=2)
+    assert (await host.timers.run_once()).woken == 1
+    while calls["reserve"] == 0:
+        await asyncio.sleep(0.01)
+    late = await host.signal(handle.instance_id, "shipped", {"carrier": "a", "tracking": "b"})
+    assert late.status == "late"
+    assert list(await host.store.waits.signals(handle.instance_id, "shipped")) == []
+    gates["reserve"].set()
+    await handle.result(timeout=5)

@@ -4,9 +4,11 @@ Exit codes are part of the interface, so scripts can branch without parsing mess
 
 * 0 — done;
 * 1 — a FlowX error (bad input, bad store URL, a file that is not a journal, ...);
-* 2 — a usage error (click's own: unknown option, bad ``--before`` cursor, ...);
+* 2 — a usage error (click's own: unknown option, bad ``--before`` cursor, ...; and a signal
+  the flow never waits for, a payload of the wrong shape, a flow ``--flows`` does not carry);
 * 3 — not found: no such instance, or no such flow among ``--flows``;
-* 4 — illegal state: reserved for commands that act on an instance's state.
+* 4 — illegal state: the instance is in the wrong state for what was asked (a signal to an
+  instance that has ended, a replay of one that is not stopped where ``--from`` says).
 
 Every FlowX error is printed as one ``error: ...`` line on stderr saying what to do, never as a
 traceback: an operator at a terminal needs the fix, not the call stack. Anything else is a bug
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
@@ -30,19 +33,35 @@ from flowx import codec
 from flowx.cli.output import clip, emit_json, table
 from flowx.errors import DeadLetterNotFound, FlowNotFound, FlowXError, InstanceNotFound
 from flowx.hosting.host import FlowHost
+from flowx.hosting.replay import ReplayPlan
 from flowx.hosting.settings import HostSettings
 from flowx.hosting.stores import DEFAULT_URL, from_url
 from flowx.hosting.worker import configure_logging, load_flows, serve
+from flowx.plan.model import Plan, walk
 from flowx.stores.errors import UnknownInstance
 from flowx.stores.protocols import InstanceQuery, Stores
-from flowx.stores.records import EventRecord, InstanceRecord, InstanceState, StepRecord
+from flowx.stores.records import (
+    CHILD_WAIT,
+    EventRecord,
+    InstanceRecord,
+    InstanceState,
+    SignalReceipt,
+    StepRecord,
+)
 
 T = TypeVar("T")
 
 EXIT_ERROR = 1
+#: click's own code for a usage error; also a FlowX error that says the request was malformed.
+EXIT_USAGE = 2
 EXIT_NOT_FOUND = 3
-#: Reserved for commands that change an instance (cancel, retry) and find it in the wrong state.
+#: A command that acts on an instance (signal, replay) found it in the wrong state.
 EXIT_ILLEGAL_STATE = 4
+
+#: FlowX error codes that mean "the instance is not in a state where that can be done".
+_ILLEGAL_STATE_CODES = frozenset({"instance.illegal_state", "instance.finished"})
+#: FlowX error codes that mean "what was asked is malformed": fix the command line.
+_USAGE_CODES = frozenset({"signal.unknown", "signal.payload_invalid", "cli.flow_not_carried"})
 
 _NOT_FOUND: tuple[type[FlowXError], ...] = (
     InstanceNotFound,
@@ -100,8 +119,15 @@ flows_option = click.option(
 
 
 def exit_code(exc: FlowXError) -> int:
-    """The exit code for a FlowX error: 3 when something named does not exist, else 1."""
-    return EXIT_NOT_FOUND if isinstance(exc, _NOT_FOUND) else EXIT_ERROR
+    """The exit code for a FlowX error: 3 when something named does not exist, 4 when the
+    instance is in the wrong state, 2 when the request itself is malformed, else 1."""
+    if isinstance(exc, _NOT_FOUND):
+        return EXIT_NOT_FOUND
+    if exc.code in _ILLEGAL_STATE_CODES:
+        return EXIT_ILLEGAL_STATE
+    if exc.code in _USAGE_CODES:
+        return EXIT_USAGE
+    return EXIT_ERROR
 
 
 def fail(exc: FlowXError) -> NoReturn:
@@ -405,12 +431,81 @@ def list_(
         click.echo(f"more: --before {last.created_at.isoformat()},{last.instance_id}", err=True)
 
 
+def _step_names(plans: list[Plan], record: InstanceRecord) -> dict[int, str]:
+    """Step id → name for the plan ``record`` runs, when one of ``plans`` is it."""
+    for plan in plans:
+        if (plan.flow_id, plan.version) == (record.flow_id, record.flow_version):
+            return {n.step_id: n.name for n in walk(plan.body)}
+    return {}
+
+
+def waiting_dict(
+    record: InstanceRecord, steps: list[StepRecord], names: dict[int, str]
+) -> dict[str, Any] | None:
+    """What a Suspended instance waits for, or ``None`` for any other state.
+
+    The wait's step name comes from the plan when ``--flows`` carries it, else from a journaled
+    row of that step; a wait that has not committed anything is named only by its id.
+    """
+    if record.state is not InstanceState.SUSPENDED:
+        return None
+    step_id = record.wake_step_id
+    name = None
+    if step_id is not None:
+        name = names.get(step_id) or next(
+            (s.step_name for s in steps if s.step_id == step_id), None
+        )
+    child = record.wake_signal == CHILD_WAIT
+    return {
+        "kind": "sub_flow" if child else ("signal" if record.wake_signal else "timer"),
+        "signal": None if child else record.wake_signal,
+        "wake_at": record.wake_at.isoformat() if record.wake_at else None,
+        "step_id": step_id,
+        "step": name,
+        "scope": record.wake_scope,
+    }
+
+
+def parent_dict(record: InstanceRecord) -> dict[str, Any] | None:
+    """The parent of a child instance (the sub-flow step that started it), else ``None``."""
+    if record.parent_instance_id is None:
+        return None
+    return {
+        "instance_id": record.parent_instance_id,
+        "scope": record.parent_scope,
+        "step_id": record.parent_step_id,
+    }
+
+
+def _waits_for(waiting: dict[str, Any]) -> str:
+    if waiting["kind"] == "sub_flow":
+        return "sub-flow child (woken when the child instance ends)"
+    if waiting["kind"] == "signal":
+        return f"signal {waiting['signal']!r} (deliver it with `flowx signal`)"
+    return "timer"
+
+
 @cli.command()
 @click.argument("instance_id")
 @db_option
 @output_option
-def show(instance_id: str, db: str, output: str) -> None:
-    """Show an instance and its step history, in commit order."""
+@click.option(
+    "--flows",
+    "flows",
+    multiple=True,
+    metavar="MODULE:ATTR",
+    help="Optional: the flow plans, to name the step a Suspended instance waits at.",
+)
+def show(instance_id: str, db: str, output: str, flows: tuple[str, ...]) -> None:
+    """Show an instance and its step history, in commit order.
+
+    A Suspended instance also says what it waits for (a signal, a sub-flow child or a timer),
+    until when, and at which step; a child instance names its parent.
+    """
+    try:
+        plans = load_flows(flows) if flows else []
+    except FlowXError as exc:
+        fail(exc)
 
     async def main() -> tuple[InstanceRecord, list[StepRecord]]:
         async with open_stores(db) as stores:
@@ -420,8 +515,17 @@ def show(instance_id: str, db: str, output: str) -> None:
             return record, list(await stores.journal.steps(instance_id))
 
     record, steps = run(main())
+    waiting = waiting_dict(record, steps, _step_names(plans, record))
+    parent = parent_dict(record)
     if output == "json":
-        emit_json({"instance": instance_dict(record), "steps": [step_dict(s) for s in steps]})
+        emit_json(
+            {
+                "instance": instance_dict(record),
+                "steps": [step_dict(s) for s in steps],
+                "waiting": waiting,
+                "parent": parent,
+            }
+        )
         return
     facts: list[tuple[str, object]] = [
         ("instance", record.instance_id),
@@ -432,6 +536,23 @@ def show(instance_id: str, db: str, output: str) -> None:
         ("created", _stamp(record.created_at, "milliseconds")),
         ("updated", _stamp(record.updated_at, "milliseconds")),
     ]
+    if parent is not None:
+        facts.append(
+            (
+                "parent",
+                f"{parent['instance_id']} (step {parent['step_id']}, "
+                f"scope {parent['scope'] or '-'})",
+            )
+        )
+    if waiting is not None:
+        facts.append(("waits for", _waits_for(waiting)))
+        facts.append(("wake at", waiting["wake_at"] or "- (no timeout)"))
+        step = f"#{waiting['step_id']}" if waiting["step_id"] is not None else "-"
+        if waiting["step"]:
+            step = f"{waiting['step']!r} ({step})"
+        facts.append(("wait step", f"{step}, scope {waiting['scope'] or '-'}"))
+    if record.resume_from_step is not None:
+        facts.append(("replayed", f"from step #{record.resume_from_step}"))
     if record.error:
         facts.append(("error", record.error))
     facts.append(("state bag", record.state_bag))
@@ -473,6 +594,237 @@ def show(instance_id: str, db: str, output: str) -> None:
             ],
         )
     )
+
+
+# -- acting on an instance: signal, replay ---------------------------------------------------
+
+
+def _cli_host(stores: Stores, plans: list[Plan]) -> FlowHost:
+    """A host for one command: no recovery scan and no timers, so it runs nothing it was not
+    asked to; on exit it drains and hands back whatever it holds."""
+    return FlowHost(store=stores, flows=plans, recovery=False, timers=False)
+
+
+def _not_carried(exc: FlowNotFound, flows: tuple[str, ...], plans: list[Plan]) -> FlowXError:
+    """``--flows`` lacks the instance's flow: a command-line mistake, so a usage error."""
+    what = f"{exc.flow_id}@{exc.version}" if exc.version else exc.flow_id
+    carried = ", ".join(sorted(p.ref for p in plans)) or "none"
+    return FlowXError(
+        f"the instance runs flow {what!r}, which --flows {' '.join(flows)} does not define "
+        f"(it defines: {carried}); pass the module that defines it, e.g. "
+        "--flows myapp.flows:FLOWS (repeatable)",
+        code="cli.flow_not_carried",
+    )
+
+
+def _load(flows: tuple[str, ...]) -> list[Plan]:
+    try:
+        return list(load_flows(flows))
+    except FlowXError as exc:
+        fail(exc)
+
+
+def receipt_dict(r: SignalReceipt) -> dict[str, Any]:
+    return {
+        "instance_id": r.instance_id,
+        "name": r.name,
+        "seq": r.seq,
+        "status": r.status,
+        "state": r.state.value,
+    }
+
+
+@cli.command()
+@click.argument("instance_id")
+@click.argument("name")
+@click.option(
+    "--payload",
+    default="{}",
+    show_default=True,
+    help="The signal's payload as JSON, checked against the type the flow waits for.",
+)
+@click.option(
+    "--key", default=None, help="Deduplication key: a second signal with this key is inert."
+)
+@flows_option
+@db_option
+@leases_option
+@output_option
+def signal(
+    instance_id: str,
+    name: str,
+    payload: str,
+    key: str | None,
+    flows: tuple[str, ...],
+    db: str,
+    leases: str | None,
+    output: str,
+) -> None:
+    """Deliver the signal NAME to an instance.
+
+    The signal is kept in the instance's inbox; if the instance is Suspended waiting for it,
+    it is woken — left Pending for any worker to run, not run here. Exits 3 if there is no
+    such instance, 4 if it has already ended, 2 if the flow never waits for NAME, the payload
+    does not fit, or --flows does not carry the flow.
+    """
+    try:
+        json.loads(payload)
+    except ValueError as exc:
+        raise click.BadParameter(
+            f"not valid JSON ({exc}); quote it for the shell, e.g. --payload '{{\"a\": 1}}'",
+            param_hint="--payload",
+        ) from exc
+    plans = _load(flows)
+
+    async def main() -> SignalReceipt:
+        stores = from_url(db, leases=leases)
+        try:
+            async with _cli_host(stores, plans) as host:
+                try:
+                    return await host.signal(instance_id, name, payload, key=key, run_here=False)
+                except FlowNotFound as exc:
+                    raise _not_carried(exc, flows, plans) from exc
+                except FlowXError as exc:
+                    if exc.code != "signal.payload_invalid":
+                        raise
+                    raise FlowXError(
+                        f"{exc}; pass --payload as a JSON object of that shape",
+                        code=exc.code,
+                    ) from exc
+        finally:
+            await stores.close()
+
+    receipt = run(main())
+    if output == "json":
+        emit_json(receipt_dict(receipt))
+        return
+    what = {
+        "woken": "left Pending for a worker",
+        "kept": "kept in the inbox until the flow reaches its wait",
+        "duplicate": "already received (or the wait already took one); nothing written",
+        "late": "the wait for it has already timed out; nothing written",
+    }.get(receipt.status, "")
+    click.echo(
+        f"{receipt.status}: signal {receipt.name!r} #{receipt.seq} for {receipt.instance_id} "
+        f"(state {receipt.state.value})" + (f"; {what}" if what else "")
+    )
+
+
+def replay_dict(p: ReplayPlan) -> dict[str, Any]:
+    return {
+        "instance_id": p.instance_id,
+        "state": p.state.value,
+        "mode": p.mode,
+        "step": p.step,
+        "step_id": p.step_id,
+        "scope": p.scope,
+        "reruns": list(p.reruns),
+    }
+
+
+def _replay_ok(mode: str, state: InstanceState) -> bool:
+    """Whether a replay that ended in ``state`` did what it was for."""
+    if state is InstanceState.COMPENSATION_FAILED:
+        return False
+    # Forward, Failed again means the step still fails; compensating, Failed is the goal.
+    return not (mode == "forward" and state in (InstanceState.FAILED, InstanceState.TIMED_OUT))
+
+
+@cli.command()
+@click.option("--instance", "instance_id", required=True, help="The instance to replay.")
+@click.option(
+    "--from",
+    "from_step",
+    required=True,
+    metavar="STEP",
+    help="The step where the instance stopped (its name, or its numeric step id).",
+)
+@click.option("--dry-run", is_flag=True, help="Only say what would re-run; write nothing.")
+@click.option(
+    "--wait/--no-wait",
+    default=True,
+    show_default=True,
+    help="Run the instance here to its end (--wait) or leave it Pending for a worker.",
+)
+@flows_option
+@db_option
+@leases_option
+@output_option
+def replay(
+    instance_id: str,
+    from_step: str,
+    dry_run: bool,
+    wait: bool,
+    flows: tuple[str, ...],
+    db: str,
+    leases: str | None,
+    output: str,
+) -> None:
+    """Re-run a failed instance once its fault is fixed, never rewriting its history.
+
+    CompensationFailed: the compensations still owed re-run, from the one that ran out.
+    Failed with no compensation begun: the failed step re-runs and the flow goes on. Every
+    try is a new attempt row. Exits 4 when the instance cannot be replayed (or --from is not
+    where it stopped: the message names the right step), 3 if there is no such instance, and
+    1 when a --wait replay ends CompensationFailed again or, forward, Failed again.
+    """
+    plans = _load(flows)
+    target: str | int = int(from_step) if from_step.isdigit() else from_step
+
+    async def main() -> tuple[ReplayPlan, InstanceRecord | None]:
+        stores = from_url(db, leases=leases)
+        try:
+            if not wait or dry_run:
+                # An unopened host journals the re-arm but runs nothing: the instance is left
+                # Pending for a worker, however quickly the command exits.
+                await stores.open()
+                host = _cli_host(stores, plans)
+                try:
+                    return await host.replay(instance_id, target, dry_run=dry_run), None
+                except FlowNotFound as exc:
+                    raise _not_carried(exc, flows, plans) from exc
+            async with _cli_host(stores, plans) as host:
+                try:
+                    planned = await host.replay(instance_id, target)
+                except FlowNotFound as exc:
+                    raise _not_carried(exc, flows, plans) from exc
+                await host.wait_idle()
+                return planned, await host.get(instance_id)
+        finally:
+            await stores.close()
+
+    planned, final = run(main())
+    ok = final is None or _replay_ok(planned.mode, final.state)
+    if output == "json":
+        data = replay_dict(planned)
+        data["dry_run"] = dry_run
+        data["final_state"] = final.state.value if final is not None else None
+        data["error"] = _payload(final.error) if final is not None else None
+        emit_json(data)
+    else:
+        scope = f", scope {planned.scope}" if planned.scope else ""
+        head = "would replay" if dry_run else "replayed"
+        click.echo(
+            f"{head} {planned.instance_id} ({planned.state.value}) in {planned.mode} mode "
+            f"from {planned.step!r} (step #{planned.step_id}{scope})"
+        )
+        click.echo("re-runs:" if planned.reruns else "re-runs: nothing")
+        for item in planned.reruns:
+            click.echo(f"  {item}")
+        if dry_run:
+            click.echo("dry run: nothing was written")
+        elif final is None:
+            click.echo("left Pending for a worker (--no-wait)")
+        else:
+            click.echo(f"final state: {final.state.value}")
+    if not ok:
+        assert final is not None
+        click.echo(
+            f"error: the replay of {planned.instance_id} ended {final.state.value} again: "
+            f"{final.error}; fix the fault and replay again (`flowx show` has every attempt)",
+            err=True,
+        )
+        sys.exit(EXIT_ERROR)
 
 
 @cli.command()

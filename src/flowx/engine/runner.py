@@ -408,15 +408,23 @@ class Execution:
         step: StepWrite,
         *,
         apply: tuple[str | None, Any] | None = None,
+        prepared: tuple[BaseModel, BaseModel] | None = None,
         snapshot: bool = False,
         events: tuple[EventWrite, ...] = (),
         state: InstanceState | None = None,
         error: dict[str, Any] | None = None,
     ) -> None:
         """Commit one row. ``apply=(into, value)`` puts a result into the state under the
-        commit lock, so concurrent fork branches never overwrite each other's fields."""
+        commit lock, so concurrent fork branches never overwrite each other's fields.
+        ``prepared=(base, new)`` is that state already computed from ``base``: used as is
+        when no other branch moved the state meanwhile (always, outside a fork)."""
         async with self._lock:
-            new_state = self.state if apply is None else self._applied(*apply)
+            if apply is None:
+                new_state = self.state
+            elif prepared is not None and prepared[0] is self.state:
+                new_state = prepared[1]
+            else:
+                new_state = self._applied(*apply)
             wants_bag = snapshot or (apply is not None and apply[0] is not None)
             notify = self._is_child and state is not None and state.terminal
             try:
@@ -697,7 +705,8 @@ class Execution:
                 raw = await cap.invoke(ctx, argument, self._executor)
                 text = codec.dumps(raw)
                 value = codec.loads(text)
-                self._applied(node.into, value)  # the result must fit its field
+                base = self.state
+                new_state = self._applied(node.into, value)  # the result must fit its field
             except Exception as exc:
                 if isinstance(exc, ValidationError):
                     exc = FlowXError(
@@ -725,6 +734,7 @@ class Execution:
                 key,
                 self._row(node, cap, scope, attempt, Outcome.SUCCESS, text, ctx, started),
                 apply=(node.into, value),
+                prepared=(base, new_state),
                 snapshot=final,
                 state=InstanceState.COMPLETED if final else None,
             )
@@ -850,7 +860,15 @@ class Execution:
         )
         attempt = a.last_attempt + 1
         consumed = self._consumed.setdefault(node.signal, set())
+        # Reaching the wait for the first time, try to seal at once: the seal itself refuses
+        # when a signal is already waiting, so the inbox is read only when there is one (or
+        # when a wake brought the run back here).
+        w = self._last_wake
+        look = w is not None and w.step_id == node.step_id and w.scope == scope
         while True:
+            if not look and (timeout_at is None or self.clock.now() < timeout_at):
+                await self._suspend(node, scope, at=timeout_at, signal=node.signal, child=None)
+            look = False
             inbox = await self._waits.signals(node.signal)
             arrived = next((sig for sig in inbox if sig.seq not in consumed), None)
             if arrived is not None:
@@ -883,8 +901,7 @@ class Execution:
                 return value
             if timeout_at is not None and self.clock.now() >= timeout_at:
                 return await self._signal_timed_out(node, scope, item, has_item, attempt)
-            await self._suspend(node, scope, at=timeout_at, signal=node.signal, child=None)
-            # Not sealed: a signal arrived while we looked. Take it.
+            # Nothing for us yet: seal (and loop to read the inbox if a signal beat the seal).
 
     async def _signal_timed_out(
         self, node: AwaitSignalNode, scope: str, item: Any, has_item: bool, attempt: int

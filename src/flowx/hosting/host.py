@@ -48,9 +48,10 @@ from flowx.hosting.settings import HostSettings
 from flowx.hosting.timers import TimerService
 from flowx.metrics import COMPENSATION_FAILED, DEADLINE_EXCEEDED
 from flowx.outbox import EventPublisher, OutboxPublisher
-from flowx.plan.model import AwaitSignalNode, Plan, SubFlowNode, walk
+from flowx.plan.model import AwaitSignalNode, ForEachNode, Plan, SubFlowNode, walk
 from flowx.stores.errors import (
     FencedOut,
+    InstanceFinished,
     JournalUnavailable,
     LeaseUnavailable,
     UnknownInstance,
@@ -62,6 +63,7 @@ from flowx.stores.records import (
     InstanceRecord,
     InstanceState,
     NewInstance,
+    Outcome,
     RecoveryCandidate,
     SignalReceipt,
     SignalRecord,
@@ -770,6 +772,8 @@ class FlowHost:
             self._recovering.discard(iid)
             if self.recovery is not None:
                 self.recovery.slot_freed()
+            if self.timers is not None:
+                self.timers.slot_freed()
 
         task.add_done_callback(done)
 
@@ -889,14 +893,23 @@ class FlowHost:
     # -- signals and replay ----------------------------------------------------------------
 
     async def signal(
-        self, instance_id: str, name: str, payload: Any, *, key: str | None = None
+        self,
+        instance_id: str,
+        name: str,
+        payload: Any,
+        *,
+        key: str | None = None,
+        run_here: bool = True,
     ) -> SignalReceipt:
         """Deliver a signal (R2.10). The payload is checked against the type the flow waits
         for; the signal is kept in the instance's inbox and, if the instance is waiting for
-        it, wakes it (here, if this node can run it; otherwise on any node).
+        it, wakes it: here if this node can run it (and ``run_here``, the default),
+        otherwise it is left ``Pending`` for any worker.
 
         ``key`` makes a redelivery inert: a signal with a key already received writes
-        nothing and returns ``status="duplicate"``. A signal sent before the flow reaches its
+        nothing and returns ``status="duplicate"``. So does any signal for a wait that can
+        happen only once (not inside a ``for_each``) and has already taken its signal
+        (``"late"`` if it timed out instead). A signal sent before the flow reaches its
         wait is kept (``"kept"``) and taken when it does. Raises ``InstanceNotFound``,
         ``InstanceFinished`` (the instance has ended), ``FlowNotFound`` (this node does not
         carry the flow, so cannot check the payload), or ``FlowXError`` with code
@@ -904,6 +917,8 @@ class FlowHost:
         """
         stores = self._require_stores()
         record = await self.get(instance_id)
+        if record.state.terminal:  # checked again under the row lock by the store
+            raise InstanceFinished(instance_id, record.state.value)
         plan = self.plan(record.flow_id, record.flow_version)
         waits = [n for n in walk(plan.body) if isinstance(n, AwaitSignalNode)]
         matching = [n for n in waits if n.signal == name]
@@ -928,15 +943,39 @@ class FlowHost:
                 f"signal {name!r} for {plan.ref} must be a {matching[0].payload_type!r}: {details}",
                 code="signal.payload_invalid",
             ) from exc
+        looped = {
+            n.step_id
+            for loop in walk(plan.body)
+            if isinstance(loop, ForEachNode)
+            for n in walk(loop.body)
+        }
+        waiting_now = record.state is InstanceState.SUSPENDED and record.wake_signal == name
+        if not waiting_now and all(n.step_id not in looped for n in matching):
+            # Each wait for this name happens once per instance: if all of them are over,
+            # the signal is a redelivery (or too late) and keeping it would only hide that.
+            ended = await self._ended_waits(instance_id, {n.step_id for n in matching})
+            if len(ended) == len(matching):
+                last = codec.loads(ended[-1].result)
+                return SignalReceipt(
+                    instance_id=instance_id,
+                    name=name,
+                    seq=int(last.get("seq") or 0),
+                    status="late" if last.get("timed_out") else "duplicate",
+                    state=record.state,
+                )
         try:
             receipt = await stores.waits.signal(
                 instance_id, name, codec.dumps(value), key=key, now=self.clock.now()
             )
         except UnknownInstance as exc:
             raise InstanceNotFound(instance_id) from exc
-        if receipt.status == "woken":
+        if receipt.status == "woken" and run_here:
             self._background(self._resume_quietly(instance_id), name=f"flowx-wake-{instance_id}")
         return receipt
+
+    async def _ended_waits(self, instance_id: str, step_ids: set[int]) -> list[StepRecord]:
+        steps = await self._require_stores().journal.steps(instance_id)
+        return [r for r in steps if r.step_id in step_ids and r.outcome is Outcome.SUCCESS]
 
     async def replay(
         self, instance_id: str, from_step: str | int, *, dry_run: bool = False

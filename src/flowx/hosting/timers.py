@@ -28,6 +28,8 @@ from flowx.stores.records import RecoveryCandidate
 
 log = logging.getLogger("flowx.timers")
 
+#: Due instances woken at once by one sweep (each takes a lease and opens the instance).
+_PARALLEL_WAKES = 16
 #: ``wake(candidate)``: take the lease, open the instance and run it here.
 Wake = Callable[[RecoveryCandidate], Awaitable[ResumeVerdict]]
 
@@ -64,6 +66,15 @@ class TimerService:
         self._wake = wake
         self._free = free_flow_slots
         self._poked = asyncio.Event()
+        # The last sweep left due work behind for want of a free flow slot: a slot freeing
+        # up is then worth a sweep at once, rather than at the next poll.
+        self._starved = False
+
+    def slot_freed(self) -> None:
+        """Called by the host whenever an instance stops running here."""
+        if self._starved:
+            self._starved = False
+            self._poked.set()
 
     def poke(self) -> None:
         """A wait was sealed here, or a slot came free: sweep again now, which also learns
@@ -73,16 +84,26 @@ class TimerService:
     async def run_once(self) -> TimerSweep:
         free = self._free()
         if free <= 0:
+            self._starved = True
             return TimerSweep(skipped_busy=True)
         now = self._clock.now()
-        due = await self._waits.find_due(now=now, limit=min(free, self._settings.timer_batch_size))
+        limit = min(free, self._settings.timer_batch_size)
+        due = await self._waits.find_due(now=now, limit=limit)
+        self._starved = len(due) >= limit
         counts = {"resumed": 0, "lost_race": 0, "not_runnable": 0, "gone": 0}
-        for candidate in due:
-            try:
-                verdict = await self._wake(candidate)
-            except FlowXError as exc:
-                log.warning("timer: waking %s failed: %s", candidate.instance_id, exc)
-                verdict = "lost_race"
+        # Each wake is a lease and an open, two round trips: taken one by one, a page of 100
+        # due instances would wake the last of them a page of round trips late.
+        gate = asyncio.Semaphore(_PARALLEL_WAKES)
+
+        async def wake(candidate: RecoveryCandidate) -> ResumeVerdict:
+            async with gate:
+                try:
+                    return await self._wake(candidate)
+                except FlowXError as exc:
+                    log.warning("timer: waking %s failed: %s", candidate.instance_id, exc)
+                    return "lost_race"
+
+        for verdict in await asyncio.gather(*(wake(c) for c in due)):
             counts[verdict] += 1
         upcoming = await self._waits.next_wake()
         return TimerSweep(

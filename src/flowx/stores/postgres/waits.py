@@ -32,22 +32,22 @@ from flowx.stores.records import (
 LOCK_FENCE: Final[LiteralString] = (
     "SELECT fence FROM flow_instance WHERE instance_id = %s FOR UPDATE"
 )
-# Statement 2 of a suspend, under the lock, fresh snapshot: is there a reason not to seal?
-# An unconsumed signal of the awaited name (flow_signal_inbox_idx), or a child that has
-# already ended (primary key). A null name or child matches nothing.
-SUSPEND_BLOCKED: Final[LiteralString] = (
-    "SELECT EXISTS (SELECT 1 FROM flow_signal WHERE instance_id = %(instance_id)s "
-    "AND name = %(signal)s AND seq <> ALL (%(consumed)s::bigint[])) "
-    "OR EXISTS (SELECT 1 FROM flow_instance WHERE instance_id = %(child)s::uuid "
-    "AND state IN ('Completed', 'Failed', 'TimedOut', 'CompensationFailed'))"
-)
-# Statement 3: the seal. Parking and scheduling the wake are this one write (R2.11); no step
-# row, no sequence. Primary key.
+# Statement 2 of a suspend, after the lock, so with a snapshot taken after it: the seal,
+# unless the instance may no longer write (fence) or there is a reason not to wait — an
+# unconsumed signal of the awaited name (flow_signal_inbox_idx) or a child that has already
+# ended (primary key); a null name or child matches nothing. Parking and scheduling the wake
+# are this one write (R2.11): no step row, no sequence. Sent with the lock and the COMMIT in
+# one pipeline: one round trip.
 SUSPEND: Final[LiteralString] = (
     "UPDATE flow_instance SET state = 'Suspended', wake_at = %(wake_at)s, "
     "wake_step_id = %(step_id)s, wake_scope = %(scope)s, wake_signal = %(signal)s, "
     "state_bag = coalesce(%(state_bag)s::json, state_bag), updated_at = %(now)s, "
-    "version = version + 1 WHERE instance_id = %(instance_id)s"
+    "version = version + 1 WHERE instance_id = %(instance_id)s AND fence <= %(token)s "
+    "AND NOT EXISTS (SELECT 1 FROM flow_signal WHERE instance_id = %(instance_id)s "
+    "AND name = %(signal)s AND seq <> ALL (%(consumed)s::bigint[])) "
+    "AND NOT EXISTS (SELECT 1 FROM flow_instance c WHERE c.instance_id = %(child)s::uuid "
+    "AND c.state IN ('Completed', 'Failed', 'TimedOut', 'CompensationFailed')) "
+    "RETURNING 1"
 )
 
 # A signal's statement 1: lock the instance first, so two deliveries of one key, or a
@@ -55,21 +55,31 @@ SUSPEND: Final[LiteralString] = (
 LOCK_FOR_SIGNAL: Final[LiteralString] = (
     "SELECT state, wake_signal FROM flow_instance WHERE instance_id = %s FOR UPDATE"
 )
-# flow_signal_key_idx.
-SIGNAL_BY_KEY: Final[LiteralString] = (
-    "SELECT seq FROM flow_signal WHERE instance_id = %s AND name = %s AND key = %s"
+# A signal's statement 2, after the lock (so its snapshot sees every delivery and every
+# suspend that committed before it): keep the signal unless the instance has ended or the key
+# was seen (flow_signal_key_idx), and wake the instance if it waits for this name — the keep
+# and the wake are one write. The payload goes in as json: kept byte for byte (R2.1). The
+# last column is the first copy's seq for a duplicate (this statement's own insert is not
+# visible to it). Sent with the lock and the COMMIT in one pipeline: one round trip.
+DELIVER_SIGNAL: Final[LiteralString] = """
+WITH live AS (
+    SELECT 1 FROM flow_instance WHERE instance_id = %(instance_id)s
+       AND state NOT IN ('Completed', 'Failed', 'TimedOut', 'CompensationFailed')
+), kept AS (
+    INSERT INTO flow_signal (instance_id, name, key, payload, received_at)
+    SELECT %(instance_id)s, %(name)s, %(key)s, %(payload)s::json, %(now)s FROM live
+    ON CONFLICT (instance_id, name, key) WHERE key IS NOT NULL DO NOTHING
+    RETURNING seq
+), woken AS (
+    UPDATE flow_instance SET state = 'Pending', updated_at = %(now)s, version = version + 1
+     WHERE instance_id = %(instance_id)s AND state = 'Suspended' AND wake_signal = %(name)s
+       AND EXISTS (SELECT 1 FROM kept)
+    RETURNING 1
 )
-# The payload goes in as json: kept byte for byte (R2.1).
-INSERT_SIGNAL: Final[LiteralString] = (
-    "INSERT INTO flow_signal (instance_id, name, key, payload, received_at) "
-    "VALUES (%s, %s, %s, %s::json, %s) RETURNING seq"
-)
-# Wake the instance if it waits for this name. Primary key.
-WAKE_ON_SIGNAL: Final[LiteralString] = (
-    "UPDATE flow_instance SET state = 'Pending', updated_at = %(now)s, version = version + 1 "
-    "WHERE instance_id = %(instance_id)s AND state = 'Suspended' AND wake_signal = %(name)s "
-    "RETURNING state"
-)
+SELECT (SELECT seq FROM kept), (SELECT count(*) FROM woken),
+       (SELECT seq FROM flow_signal WHERE instance_id = %(instance_id)s AND name = %(name)s
+         AND key = %(key)s)
+"""
 # flow_signal_inbox_idx, in seq order.
 SELECT_SIGNALS: Final[LiteralString] = (
     "SELECT instance_id, name, seq, key, payload, received_at FROM flow_signal "
@@ -110,73 +120,63 @@ class PostgresWaits:
 
     async def suspend(self, commit: SuspendCommit) -> bool:
         wake = commit.wake
-        async with self._db.connection() as conn, conn.transaction():
-            await _lock_fenced(conn, commit.instance_id, commit.token)
-            blocked = await (
-                await conn.execute(
-                    SUSPEND_BLOCKED,
-                    {
-                        "instance_id": commit.instance_id,
-                        "signal": wake.signal,
-                        "consumed": list(commit.consumed),
-                        "child": commit.child,
-                    },
-                )
-            ).fetchone()
-            if blocked is not None and blocked[0]:
-                return False
-            await conn.execute(
-                SUSPEND,
-                {
-                    "instance_id": commit.instance_id,
-                    "wake_at": wake.at,
-                    "step_id": wake.step_id,
-                    "scope": wake.scope,
-                    "signal": wake.signal,
-                    "state_bag": commit.state_bag,
-                    "now": commit.now,
-                },
-            )
-            return True
+        params = {
+            "instance_id": commit.instance_id,
+            "token": commit.token,
+            "wake_at": wake.at,
+            "step_id": wake.step_id,
+            "scope": wake.scope,
+            "signal": wake.signal,
+            "consumed": list(commit.consumed),
+            "child": commit.child,
+            "state_bag": commit.state_bag,
+            "now": commit.now,
+        }
+        async with self._db.connection() as conn:
+            async with conn.pipeline(), conn.transaction():
+                locked = await conn.execute(LOCK_FENCE, (commit.instance_id,), prepare=True)
+                sealed = await conn.execute(SUSPEND, params, prepare=True)
+            fence = await locked.fetchone()
+            if fence is None:
+                raise UnknownInstance(commit.instance_id)
+            if commit.token < int(fence[0]):
+                raise FencedOut(commit.instance_id, commit.token, int(fence[0]))
+            return await sealed.fetchone() is not None
 
     async def signal(
         self, instance_id: str, name: str, payload: str, *, key: str | None, now: datetime
     ) -> SignalReceipt:
-        async with self._db.connection() as conn, conn.transaction():
-            row = await (await conn.execute(LOCK_FOR_SIGNAL, (instance_id,))).fetchone()
-            if row is None:
-                raise UnknownInstance(instance_id)
-            state = InstanceState(row[0])
-            if state.terminal:
-                raise InstanceFinished(instance_id, state.value)
-            if key is not None:
-                found = await (
-                    await conn.execute(SIGNAL_BY_KEY, (instance_id, name, key))
-                ).fetchone()
-                if found is not None:
-                    return SignalReceipt(
-                        instance_id=instance_id,
-                        name=name,
-                        seq=int(found[0]),
-                        status="duplicate",
-                        state=state,
-                    )
-            inserted = await (
-                await conn.execute(INSERT_SIGNAL, (instance_id, name, key, payload, now))
-            ).fetchone()
-            assert inserted is not None
-            woken = await (
-                await conn.execute(
-                    WAKE_ON_SIGNAL, {"instance_id": instance_id, "name": name, "now": now}
-                )
-            ).fetchone()
+        params = {
+            "instance_id": instance_id,
+            "name": name,
+            "key": key,
+            "payload": payload,
+            "now": now,
+        }
+        async with self._db.connection() as conn:
+            async with conn.pipeline(), conn.transaction():
+                locked = await conn.execute(LOCK_FOR_SIGNAL, (instance_id,), prepare=True)
+                delivered = await conn.execute(DELIVER_SIGNAL, params, prepare=True)
+            row = await locked.fetchone()
+            outcome = await delivered.fetchone()
+        if row is None:
+            raise UnknownInstance(instance_id)
+        state = InstanceState(row[0])
+        if state.terminal:
+            raise InstanceFinished(instance_id, state.value)
+        assert outcome is not None
+        seq, woken, first = outcome
+        if seq is None:
             return SignalReceipt(
-                instance_id=instance_id,
-                name=name,
-                seq=int(inserted[0]),
-                status="woken" if woken is not None else "kept",
-                state=InstanceState.PENDING if woken is not None else state,
+                instance_id=instance_id, name=name, seq=int(first), status="duplicate", state=state
             )
+        return SignalReceipt(
+            instance_id=instance_id,
+            name=name,
+            seq=int(seq),
+            status="woken" if woken else "kept",
+            state=InstanceState.PENDING if woken else state,
+        )
 
     async def signals(self, instance_id: str, name: str) -> Sequence[SignalRecord]:
         async with self._db.connection() as conn:

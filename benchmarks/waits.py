@@ -1,0 +1,221 @@
+"""Waits: what a signal and a durable timer cost, and how late they wake (R2.10, R2.11, R6.3).
+
+Three measurements through the real engine on a real store:
+
+- **park**: N instances run one step and seal themselves ``Suspended`` on a signal; instances
+  parked per second.
+- **signal**: each one is sent its signal (``host.signal``, concurrently) and runs to the end;
+  signals per second. Then, on an idle node, 50 signals one at a time: the latency from the
+  ``signal`` call to the wait's own journal row.
+- **timer**: N instances sleep for ``--sleep`` seconds, all falling due together: how long
+  until the last is done, and how late each woke (the sleep row's commit time minus its
+  ``wake_at``). Then 50 sleepers falling due 20 ms apart: how late each woke when the node is
+  not busy.
+
+    python -m benchmarks.waits --store postgresql://postgres@127.0.0.1:5432/test
+
+Writes ``benchmarks/results/waits-<backend>.json`` and prints a table. It asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+import flowx
+from flowx.stores.records import InstanceState
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+class Job(BaseModel):
+    n: int
+
+
+class Go(BaseModel):
+    at: float
+
+
+class JobState(BaseModel):
+    go: Go | None = None
+    done: int | None = None
+
+
+@flowx.capability("bench.wait.work", version="1.0.0")
+async def work(ctx: flowx.StepContext, job: Job) -> int:
+    return job.n
+
+
+signalled = (
+    flowx.flow("bench.wait.signal", version="1", input=Job, state=JobState)
+    .step(work, name="before")
+    .await_signal("go", Go, into="go")
+    .step(work, name="after", into="done")
+    .build()
+)
+
+
+def sleeper(seconds: float) -> flowx.Plan:
+    return (
+        flowx.flow("bench.wait.sleep", version="1", input=Job, state=JobState)
+        .sleep(f"{int(seconds * 1000)}ms", name="nap")
+        .step(work, into="done")
+        .build()
+    )
+
+
+def _pct(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(p * len(ordered)))]
+
+
+async def _until(host: flowx.FlowHost, ids: list[str], state: InstanceState) -> None:
+    """Poll a sample, then check every id once: polling all of them would load the store."""
+    assert host.store is not None
+    journal = host.store.journal
+    left = list(ids)
+    while left:
+        sample = left[-10:]
+        seen = [await journal.get(i) for i in sample]
+        if all(r is not None and r.state is state for r in seen):
+            left = [i for i in left if (await journal.get(i)).state is not state]  # type: ignore[union-attr]
+        if left:
+            await asyncio.sleep(0.05)
+
+
+async def _lateness(host: flowx.FlowHost, ids: list[str]) -> list[float]:
+    assert host.store is not None
+    late: list[float] = []
+    for iid in ids[:: max(1, len(ids) // 500)]:
+        record = await host.store.journal.get(iid)
+        rows = await host.store.journal.steps(iid)
+        nap = next(r for r in rows if r.step_name == "nap")
+        assert record is not None and record.wake_at is not None
+        late.append((nap.committed_at - record.wake_at).total_seconds() * 1000)
+    return late
+
+
+async def _signal_latency(host: flowx.FlowHost, ids: list[str]) -> list[float]:
+    assert host.store is not None
+    out: list[float] = []
+    for iid in ids:
+        await host.signal(iid, "go", Go(at=time.time()))
+        await _until(host, [iid], InstanceState.COMPLETED)
+        rows = await host.store.journal.steps(iid)
+        sig = next(r for r in rows if r.step_name == "go")
+        sent = flowx.codec.loads(sig.result)["payload"]["at"]
+        out.append((sig.committed_at.timestamp() - sent) * 1000)
+    return out
+
+
+async def run(url: str, instances: int, sleep_s: float, concurrency: int) -> dict[str, Any]:
+    plan_sleep = sleeper(sleep_s)
+    settings = flowx.HostSettings(max_concurrent_flows=max(concurrency, 64))
+    async with flowx.FlowHost(
+        store=flowx.from_url(url), flows=[signalled, plan_sleep], settings=settings
+    ) as host:
+        assert host.store is not None
+        # park
+        started = time.perf_counter()
+        ids: list[str] = []
+        sem = asyncio.Semaphore(concurrency)
+
+        async def start(n: int, plan: flowx.Plan) -> str:
+            async with sem:
+                return (await host.start(plan, Job(n=n))).instance_id
+
+        ids = list(await asyncio.gather(*(start(n, signalled) for n in range(instances))))
+        await host.wait_idle(timeout=600)
+        await _until(host, ids, InstanceState.SUSPENDED)
+        park_s = time.perf_counter() - started
+
+        # signal
+        started = time.perf_counter()
+
+        async def send(iid: str) -> None:
+            async with sem:
+                receipt = await host.signal(iid, "go", Go(at=time.time()), key=f"k-{iid}")
+                assert receipt.status == "woken", receipt
+
+        await asyncio.gather(*(send(i) for i in ids))
+        await host.wait_idle(timeout=600)
+        await _until(host, ids, InstanceState.COMPLETED)
+        signal_s = time.perf_counter() - started
+        probes = list(await asyncio.gather(*(start(n, signalled) for n in range(50))))
+        await _until(host, probes, InstanceState.SUSPENDED)
+        latencies = await _signal_latency(host, probes)
+
+        # timer: a burst falling due together, then a trickle on an idle node
+        started = time.perf_counter()
+        sleepers = list(await asyncio.gather(*(start(n, plan_sleep) for n in range(instances))))
+        await _until(host, sleepers, InstanceState.COMPLETED)
+        timer_s = time.perf_counter() - started
+        lateness = await _lateness(host, sleepers)
+        trickle = []
+        for n in range(50):
+            trickle.append((await host.start(plan_sleep, Job(n=n))).instance_id)
+            await asyncio.sleep(0.02)
+        await _until(host, trickle, InstanceState.COMPLETED)
+        idle_lateness = await _lateness(host, trickle)
+
+    return {
+        "instances": instances,
+        "concurrency": concurrency,
+        "park_per_s": round(instances / park_s, 1),
+        "signals_per_s": round(instances / signal_s, 1),
+        "idle_signal_to_row_p50_ms": round(statistics.median(latencies), 2),
+        "idle_signal_to_row_max_ms": round(max(latencies), 2),
+        "sleep_s": sleep_s,
+        "burst_sleepers_done_s": round(timer_s, 2),
+        "burst_timer_late_p50_ms": round(statistics.median(lateness), 2),
+        "burst_timer_late_max_ms": round(max(lateness), 2),
+        "idle_timer_late_p50_ms": round(statistics.median(idle_lateness), 2),
+        "idle_timer_late_max_ms": round(max(idle_lateness), 2),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--store", default=None, help="store URL (default: a fresh SQLite file)")
+    parser.add_argument("--instances", type=int, default=2000)
+    parser.add_argument("--sleep", type=float, default=2.0, help="seconds each sleeper sleeps")
+    parser.add_argument("--concurrency", type=int, default=64)
+    args = parser.parse_args()
+    url = args.store
+    if url is None:
+        url = f"sqlite:///{Path(tempfile.mkdtemp()) / 'waits.db'}"
+    elif url.startswith("postgres") and "flowx_schema" not in url:
+        sep = "&" if "?" in url else "?"
+        url = f"{url}{sep}flowx_schema=bench_waits_{uuid.uuid4().hex[:8]}"
+    backend = "postgresql" if url.startswith("postgres") else "sqlite"
+    result = asyncio.run(run(url, args.instances, args.sleep, args.concurrency))
+    out = {
+        "benchmark": "waits",
+        "store": backend,
+        "when": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
+        "result": result,
+    }
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"waits-{backend}.json"
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"waits on {backend}: {args.instances} instances, concurrency {args.concurrency}")
+    for key, value in result.items():
+        print(f"  {key:>24}  {value}")
+    print(f"written to {path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path}")
+
+
+if __name__ == "__main__":
+    main()
