@@ -8,11 +8,9 @@ really happened.
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import sqlite3
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +19,7 @@ import pytest
 
 import flowx
 from tests.crash.crash_flows import Job, job
+from tests.crash.workers import start_worker
 from tests.postgres_support import PG_DSN
 
 pytestmark = pytest.mark.crash
@@ -29,31 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _worker(db: str, crash_dir: Path) -> subprocess.Popen[bytes]:
-    env = {
-        **os.environ,
-        "CRASH_DIR": str(crash_dir),
-        "FLOWX_LEASE_TTL": "2s",
-        "FLOWX_RECOVERY_SCAN_INTERVAL": "200ms",
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "flowx.cli.main",
-            "worker",
-            "--db",
-            db,
-            "--flows",
-            "tests.crash.crash_flows:FLOWS",
-            "--log-level",
-            "warning",
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    return start_worker(db, crash_dir, "tests.crash.crash_flows:FLOWS")
 
 
 def _wait_for(path: Path, proc: subprocess.Popen[bytes], timeout: float = 30) -> None:

@@ -27,11 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import sqlite3
 import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Coroutine
@@ -52,6 +50,7 @@ from tests.crash.wait_flows import (
     signal_flow,
     sleep_flow,
 )
+from tests.crash.workers import start_worker
 from tests.postgres_support import PG_DSN
 
 T = TypeVar("T")
@@ -74,35 +73,12 @@ EARLY_SIGNALS = 2
 
 
 def _worker(db: str, crash_dir: Path, name: str) -> subprocess.Popen[bytes]:
-    env = {
-        **os.environ,
-        "CRASH_DIR": str(crash_dir),
-        "FLOWX_LEASE_TTL": "2s",
-        "FLOWX_RECOVERY_SCAN_INTERVAL": "200ms",
-        "FLOWX_TIMER_POLL_INTERVAL": "200ms",
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "flowx.cli.main",
-            "worker",
-            "--db",
-            db,
-            "--flows",
-            "tests.crash.wait_flows:FLOWS",
-            "--node-id",
-            name,
-            "--ready-file",
-            str(crash_dir / f"ready-{name}"),
-            "--log-level",
-            "warning",
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+    ready = str(crash_dir / f"ready-{name}")
+    return start_worker(
+        db,
+        crash_dir,
+        "tests.crash.wait_flows:FLOWS",
+        extra_args=("--node-id", name, "--ready-file", ready),
     )
 
 

@@ -392,3 +392,13 @@ def test_an_on_timeout_branch_needs_a_timeout() -> None:
             .build()
         )
     assert info.value.code == "FLOWX1009"
+
+
+def test_a_signal_name_in_flowxs_own_namespace_is_refused_at_build() -> None:
+    with pytest.raises(flowx.PlanError) as info:
+        (
+            flowx.flow("sf.bad5", version="1", input=Order, state=OrderState)
+            .await_signal("flowx.sub_flow", dict)
+            .build()
+        )
+    assert info.value.code == "FLOWX1023"

@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NoReturn, Protocol
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
@@ -835,6 +835,22 @@ class Execution:
             self.state = self._applied(node.into, collected)
         return collected
 
+    async def _fail_node(
+        self,
+        node: Node,
+        scope: str,
+        attempt: int,
+        message: str,
+        code: str,
+        **facts: Any,
+    ) -> NoReturn:
+        """Journal a failure no retry can fix as this node's row, and fail the flow with it."""
+        error = {**error_payload(FlowXError(message, code=code), retryable=False), **facts}
+        await self._write(
+            (scope, node.step_id), self._row(node, None, scope, attempt, Outcome.FAILURE, error)
+        )
+        raise _StepFailed(node, scope, error)
+
     # -- waits ---------------------------------------------------------------------------
 
     async def _await_signal(
@@ -877,18 +893,14 @@ class Execution:
                         codec.dumps(TypeAdapter(node.payload_type).validate_json(arrived.payload))
                     )
                 except ValidationError as exc:
-                    error = error_payload(
-                        FlowXError(
-                            f"signal {node.signal!r} #{arrived.seq} does not fit "
-                            f"{node.payload_type!r}: {exc.errors()[0].get('msg')}",
-                            code="signal.payload_invalid",
-                        ),
-                        retryable=False,
+                    await self._fail_node(
+                        node,
+                        scope,
+                        attempt,
+                        f"signal {node.signal!r} #{arrived.seq} does not fit "
+                        f"{node.payload_type!r}: {exc.errors()[0].get('msg')}",
+                        "signal.payload_invalid",
                     )
-                    await self._write(
-                        key, self._row(node, None, scope, attempt, Outcome.FAILURE, error)
-                    )
-                    raise _StepFailed(node, scope, error) from exc
                 taken = {"seq": arrived.seq, "key": arrived.key, "payload": value}
                 await self._write(
                     key,
@@ -922,15 +934,13 @@ class Execution:
             )
             self.executed += 1
             return await self._nodes(node.on_timeout, scope, item, has_item=has_item)
-        error = error_payload(
-            FlowXError(
-                f"no {node.signal!r} signal arrived within {node.timeout}",
-                code="signal.timed_out",
-            ),
-            retryable=False,
+        await self._fail_node(
+            node,
+            scope,
+            attempt,
+            f"no {node.signal!r} signal arrived within {node.timeout}",
+            "signal.timed_out",
         )
-        await self._write(key, self._row(node, None, scope, attempt, Outcome.FAILURE, error))
-        raise _StepFailed(node, scope, error)
 
     async def _sleep(self, node: SleepNode, scope: str) -> Any:
         """R2.11: parking and scheduling the wake are one write; the timer service, on any
@@ -986,18 +996,14 @@ class Execution:
                         else node.plan.input_model.model_validate(raw)
                     )
                 except Exception as exc:
-                    error = error_payload(
-                        FlowXError(
-                            f"sub_flow {node.name!r}: the input for {node.plan.ref} is not "
-                            f"valid: {exc}",
-                            code="sub_flow.input_invalid",
-                        ),
-                        retryable=False,
+                    await self._fail_node(
+                        node,
+                        scope,
+                        attempt,
+                        f"sub_flow {node.name!r}: the input for {node.plan.ref} is not "
+                        f"valid: {exc}",
+                        "sub_flow.input_invalid",
                     )
-                    await self._write(
-                        key, self._row(node, None, scope, attempt, Outcome.FAILURE, error)
-                    )
-                    raise _StepFailed(node, scope, error) from exc
                 await self._waits.start_child(node, child_id, value, scope)
                 continue
             if child.state is InstanceState.COMPLETED:
@@ -1011,23 +1017,17 @@ class Execution:
                 self.executed += 1
                 return result
             if child.state.terminal:
-                error = {
-                    **error_payload(
-                        FlowXError(
-                            f"sub_flow {node.name!r}: child instance {child_id} of "
-                            f"{node.plan.ref} ended {child.state.value}",
-                            code="sub_flow.failed",
-                        ),
-                        retryable=False,
-                    ),
-                    "child_instance_id": child_id,
-                    "child_state": child.state.value,
-                    "child_error": codec.loads(child.error) if child.error else None,
-                }
-                await self._write(
-                    key, self._row(node, None, scope, attempt, Outcome.FAILURE, error)
+                await self._fail_node(
+                    node,
+                    scope,
+                    attempt,
+                    f"sub_flow {node.name!r}: child instance {child_id} of {node.plan.ref} "
+                    f"ended {child.state.value}",
+                    "sub_flow.failed",
+                    child_instance_id=child_id,
+                    child_state=child.state.value,
+                    child_error=codec.loads(child.error) if child.error else None,
                 )
-                raise _StepFailed(node, scope, error)
             await self._suspend(node, scope, at=None, signal=CHILD_WAIT, child=child_id)
 
     async def _fork(self, node: ForkNode, scope: str, item: Any, has_item: bool) -> Any:

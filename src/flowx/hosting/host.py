@@ -997,27 +997,15 @@ class FlowHost:
         target = plan_replay(plan, record, steps, from_step)
         if dry_run:
             return target
-        ttl = self.settings.lease_ttl
-        sent = time.monotonic()
-        lease = await stores.leases.acquire(
-            instance_id, owner=self.node_id, ttl=ttl, now=self.clock.now(), floor=record.fence
-        )
-        if lease is None:
+        durable = await self._take_lease(stores, record)
+        if durable is None:
             raise FlowXError(
                 f"instance {instance_id} is held by another node right now; retry",
                 code="instance.busy",
             )
-        durable = DurableLease(
-            stores.leases,
-            lease,
-            ttl=ttl,
-            renew_every=self.settings.renewal_interval,
-            clock=self.clock,
-            acquired_at_monotonic=sent,
-        )
         try:
             current = await stores.journal.open(
-                instance_id, token=lease.token, now=self.clock.now()
+                instance_id, token=durable.token, now=self.clock.now()
             )
             if current.instance.state is not record.state:
                 raise FlowXError(
@@ -1025,7 +1013,7 @@ class FlowHost:
                     code="instance.illegal_state",
                 )
             await stores.waits.rearm(
-                instance_id, token=lease.token, now=self.clock.now(), from_step=target.step_id
+                instance_id, token=durable.token, now=self.clock.now(), from_step=target.step_id
             )
         finally:
             await durable.release()
@@ -1062,24 +1050,12 @@ class FlowHost:
         if not self.carries(record.flow_id, record.flow_version):
             return "not_runnable"
         plan = self.plan(record.flow_id, record.flow_version)
-        ttl = self.settings.lease_ttl
-        sent = time.monotonic()
-        lease = await stores.leases.acquire(
-            instance_id, owner=self.node_id, ttl=ttl, now=self.clock.now(), floor=record.fence
-        )
-        if lease is None:
+        durable = await self._take_lease(stores, record)
+        if durable is None:
             return "lost_race"
-        durable = DurableLease(
-            stores.leases,
-            lease,
-            ttl=ttl,
-            renew_every=self.settings.renewal_interval,
-            clock=self.clock,
-            acquired_at_monotonic=sent,
-        )
         try:
             history = await stores.journal.open(
-                instance_id, token=lease.token, now=self.clock.now()
+                instance_id, token=durable.token, now=self.clock.now()
             )
         except (FencedOut, UnknownInstance):
             await durable.release()
@@ -1092,6 +1068,29 @@ class FlowHost:
             return "gone"
         self._spawn(plan, history.instance, history.steps, durable, recovering=True, queued=queued)
         return "resumed"
+
+    async def _take_lease(self, stores: Stores, record: InstanceRecord) -> DurableLease | None:
+        """The lease on an existing instance, its token above the journal's fence (R2.4);
+        ``None`` if another node holds it."""
+        ttl = self.settings.lease_ttl
+        sent = time.monotonic()
+        lease = await stores.leases.acquire(
+            record.instance_id,
+            owner=self.node_id,
+            ttl=ttl,
+            now=self.clock.now(),
+            floor=record.fence,
+        )
+        if lease is None:
+            return None
+        return DurableLease(
+            stores.leases,
+            lease,
+            ttl=ttl,
+            renew_every=self.settings.renewal_interval,
+            clock=self.clock,
+            acquired_at_monotonic=sent,
+        )
 
     async def recover_once(self) -> RecoveryScanResult:
         """One recovery sweep now (tests and `flowx` tooling drive it directly)."""

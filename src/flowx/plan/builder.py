@@ -490,6 +490,16 @@ class _Compiler:
                 except ValueError as exc:
                     raise self.error("FLOWX1009", str(exc)) from exc
             where = f"await_signal {name!r}"
+            if (
+                not isinstance(a["signal"], str)
+                or not a["signal"]
+                or a["signal"].startswith("flowx.")
+            ):
+                raise self.error(
+                    "FLOWX1023",
+                    f"{where}: signal name {a['signal']!r} must be a non-empty string not "
+                    "starting with 'flowx.' (FlowX's own waits use that prefix)",
+                )
             try:
                 TypeAdapter(a["payload_type"])
             except Exception as exc:

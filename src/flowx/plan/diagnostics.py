@@ -30,5 +30,6 @@ CODES: Final[dict[str, str]] = {
     "FLOWX1020": "two fork branches write the same state field",
     "FLOWX1021": "a signal payload type that cannot be validated",
     "FLOWX1022": "a sub_flow whose child (or parent) is not Durable",
+    "FLOWX1023": "a signal name that is empty or uses the reserved 'flowx.' prefix",
     "FLOWX1024": "an emit in an Ephemeral flow, or an event with no declared contract",
 }

@@ -418,18 +418,25 @@ class PostgresRecoveryIndex:
     async def _page(
         self, query: LiteralString, args: tuple[Any, ...]
     ) -> Sequence[RecoveryCandidate]:
-        async with self._db.connection() as conn:
-            rows = await (await conn.execute(query, args)).fetchall()
-        return tuple(
-            RecoveryCandidate(
-                instance_id=r[0],
-                flow_id=r[1],
-                flow_version=r[2],
-                state=InstanceState(r[3]),
-                updated_at=r[4],
-            )
-            for r in rows
+        return await candidates(self._db, query, args)
+
+
+async def candidates(
+    db: PostgresDatabase, query: LiteralString, args: tuple[Any, ...]
+) -> Sequence[RecoveryCandidate]:
+    """Run a candidate query (the recovery scan's, the timer's) and read its rows."""
+    async with db.connection() as conn:
+        rows = await (await conn.execute(query, args)).fetchall()
+    return tuple(
+        RecoveryCandidate(
+            instance_id=r[0],
+            flow_id=r[1],
+            flow_version=r[2],
+            state=InstanceState(r[3]),
+            updated_at=r[4],
         )
+        for r in rows
+    )
 
 
 class PostgresCatalog:

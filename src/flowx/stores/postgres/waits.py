@@ -18,7 +18,7 @@ from psycopg.rows import dict_row
 
 from flowx.stores.errors import FencedOut, InstanceFinished, UnknownInstance
 from flowx.stores.postgres.database import PostgresDatabase
-from flowx.stores.postgres.store import _INSTANCE_COLUMNS, _instance
+from flowx.stores.postgres.store import _INSTANCE_COLUMNS, _instance, candidates
 from flowx.stores.records import (
     InstanceRecord,
     InstanceState,
@@ -185,18 +185,7 @@ class PostgresWaits:
         return tuple(SignalRecord(**r) for r in rows)
 
     async def find_due(self, *, now: datetime, limit: int) -> Sequence[RecoveryCandidate]:
-        async with self._db.connection() as conn:
-            rows = await (await conn.execute(FIND_DUE, (now, limit))).fetchall()
-        return tuple(
-            RecoveryCandidate(
-                instance_id=r[0],
-                flow_id=r[1],
-                flow_version=r[2],
-                state=InstanceState(r[3]),
-                updated_at=r[4],
-            )
-            for r in rows
-        )
+        return await candidates(self._db, FIND_DUE, (now, limit))
 
     async def next_wake(self) -> datetime | None:
         async with self._db.connection() as conn:

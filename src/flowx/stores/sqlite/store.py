@@ -195,6 +195,22 @@ def acquire_in(
     return Lease(instance_id=instance_id, owner=owner, token=token, expires_at=expires)
 
 
+def candidates(
+    conn: sqlite3.Connection, sql: str, args: tuple[Any, ...]
+) -> Sequence[RecoveryCandidate]:
+    """Run a candidate query (the recovery scan's, the timer's) and read its rows."""
+    return tuple(
+        RecoveryCandidate(
+            instance_id=r[0],
+            flow_id=r[1],
+            flow_version=r[2],
+            state=InstanceState(r[3]),
+            updated_at=from_text(r[4]),
+        )
+        for r in conn.execute(sql, args)
+    )
+
+
 class SqliteJournal:
     """``FlowJournal`` on the SQLite file."""
 
@@ -452,16 +468,7 @@ class SqliteRecoveryIndex:
 
     async def _page(self, sql: str, args: tuple[Any, ...]) -> Sequence[RecoveryCandidate]:
         def q(conn: sqlite3.Connection) -> Sequence[RecoveryCandidate]:
-            return tuple(
-                RecoveryCandidate(
-                    instance_id=r[0],
-                    flow_id=r[1],
-                    flow_version=r[2],
-                    state=InstanceState(r[3]),
-                    updated_at=from_text(r[4]),
-                )
-                for r in conn.execute(sql, args)
-            )
+            return candidates(conn, sql, args)
 
         return await self._db.run(q)
 

@@ -25,7 +25,7 @@ from flowx.stores.records import (
     SuspendCommit,
 )
 from flowx.stores.sqlite.database import SqliteDatabase, from_text, to_text
-from flowx.stores.sqlite.store import _SELECT_INSTANCE, _instance
+from flowx.stores.sqlite.store import _SELECT_INSTANCE, _instance, candidates
 
 # Primary key.
 FENCE_OF: Final = "SELECT fence FROM flow_instance WHERE instance_id = ?"
@@ -180,16 +180,7 @@ class SqliteWaits:
 
     async def find_due(self, *, now: datetime, limit: int) -> Sequence[RecoveryCandidate]:
         def q(conn: sqlite3.Connection) -> Sequence[RecoveryCandidate]:
-            return tuple(
-                RecoveryCandidate(
-                    instance_id=r[0],
-                    flow_id=r[1],
-                    flow_version=r[2],
-                    state=InstanceState(r[3]),
-                    updated_at=from_text(r[4]),
-                )
-                for r in conn.execute(FIND_DUE, (to_text(now), limit))
-            )
+            return candidates(conn, FIND_DUE, (to_text(now), limit))
 
         return await self._db.run(q)
 
