@@ -402,3 +402,14 @@ def test_a_signal_name_in_flowxs_own_namespace_is_refused_at_build() -> None:
             .build()
         )
     assert info.value.code == "FLOWX1023"
+
+
+def test_one_signal_name_with_two_payload_types_is_refused_at_build() -> None:
+    with pytest.raises(flowx.PlanError) as info:
+        (
+            flowx.flow("sf.bad6", version="1", input=Order, state=OrderState)
+            .await_signal("go", dict, name="first")
+            .await_signal("go", int, name="second")
+            .build()
+        )
+    assert info.value.code == "FLOWX1021" and "'go'" in str(info.value)

@@ -42,6 +42,7 @@ from flowx.errors import (
 )
 from flowx.plan.events import contract_of
 from flowx.plan.model import (
+    DEFAULT_COMPENSATION_RETRY,
     NO_RETRY,
     AwaitSignalNode,
     EmitNode,
@@ -115,6 +116,29 @@ class WaitPort(Protocol):
     async def start_child(
         self, node: SubFlowNode, child_id: str, input_value: BaseModel, scope: str
     ) -> None: ...
+
+    async def compensate_child(self, child_id: str) -> None:
+        """Undo a child that completed: run its own compensations. Raises
+        ``NonRetryableError`` if they ran out, another error to be tried again."""
+        ...
+
+
+class _ChildUndo:
+    """A completed sub-flow's compensation, shaped like a capability: its undo is the child's
+    own compensations, run in the child's journal (its attempts are rows there)."""
+
+    idempotent = True
+
+    def __init__(self, waits: WaitPort, child_id: str, node: SubFlowNode) -> None:
+        assert node.plan is not None
+        self._waits = waits
+        self._child_id = child_id
+        self.id = f"sub_flow:{node.plan.flow_id}"
+        self.version = node.plan.version
+        self.ref = f"{self.id}@{self.version}"
+
+    async def invoke(self, ctx: StepContext, argument: Any, executor: Executor | None) -> None:
+        await self._waits.compensate_child(self._child_id)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -212,7 +236,13 @@ class _DeadlineExceeded(Exception):
 
 
 class _Halted(Exception):
-    """A fork branch stops at its next boundary because a sibling failed."""
+    """Raised instead of running anything new: a fork sibling failed, or the instance is
+    compensating (resumed or replayed after its compensation began)."""
+
+    def __init__(self, node: Node | None = None, scope: str = "") -> None:
+        super().__init__("halted")
+        self.node = node
+        self.scope = scope
 
 
 class _Abort(Exception):
@@ -223,7 +253,7 @@ class _Abort(Exception):
 
 @dataclass(kw_only=True, slots=True)
 class _Done:
-    node: StepNode
+    node: StepNode | SubFlowNode
     scope: str
     argument: Any
     result: Any
@@ -290,6 +320,9 @@ class Execution:
         last_wake: Wake | None = None,
         replay_sequence: int | None = None,
         is_child: bool = False,
+        state: InstanceState | None = None,
+        guard: Callable[[], object] | None = None,
+        undo: bool = False,
     ) -> None:
         self.plan = plan
         # Asked before each new step attempt: a draining node finishes the step it is in,
@@ -314,6 +347,9 @@ class Execution:
         # keeps its deadline instead of starting the timeout (or the sleep) over.
         self._last_wake = last_wake
         self._is_child = is_child
+        # Called before every capability (a step, a compensation): raises ``LeaseLost`` once
+        # this node may no longer write, so a zombie stops before an effect, not after (R3.5).
+        self._guard = guard
         # Fork branches commit concurrently: commits (and the state they snapshot) take turns.
         self._lock = asyncio.Lock()
         self._commits = 0
@@ -336,8 +372,24 @@ class Execution:
         # A replay (``flowx replay``) gives retry budgets afresh from ``replay_sequence`` on:
         # the compensation's, when compensation had begun; otherwise the failed step's.
         self._replay_sequence = replay_sequence
-        self._forward_replay = replay_sequence is not None and not any(
+        began = any(
             r.outcome in (Outcome.COMPENSATED, Outcome.COMPENSATION_FAILURE) for r in history
+        )
+        self._forward_replay = replay_sequence is not None and not began
+        # Once compensation has begun, nothing forward runs again: a resumed (or replayed)
+        # run only replays what committed, finds the failure again, and compensates. Without
+        # this a fork's healthy branch would run its next step before its sibling's
+        # journaled failure is reached.
+        # ``undo``: a completed child undone by its parent's compensation — replay it whole,
+        # then compensate it.
+        self._compensating = (
+            undo
+            or began
+            or state
+            in (
+                InstanceState.COMPENSATING,
+                InstanceState.COMPENSATION_FAILED,
+            )
         )
         for row in history:
             node = nodes.get(row.step_id)
@@ -513,6 +565,21 @@ class Execution:
                 f"{node.capability.id}@{version}, which this node does not carry (R2.6)"
             ) from exc
 
+    def _live(self) -> None:
+        if self._guard is not None:
+            try:
+                self._guard()
+            except (FencedOut, LeaseLost) as exc:
+                raise _Abort(str(exc)) from exc
+
+    def _forward(self, node: Node, scope: str) -> None:
+        """About to run ``node`` anew: refused while compensating, or once a sibling failed."""
+        if self._compensating:
+            self._check_deadline(node, scope)
+            raise _Halted(node, scope)
+        if self._halted:
+            raise _Halted(node, scope)
+
     def _check_deadline(self, node: Node, scope: str) -> None:
         """SPEC §8: a flow past its deadline runs no further step; it compensates and ends
         ``TimedOut``. Checked at every step boundary (a step already running is not cut)."""
@@ -545,6 +612,28 @@ class Execution:
                     retryable=False,
                 )
                 return await self._fail(late.node, late.scope, error, timed_out=True)
+            except _Halted as halted:
+                # Compensating, and the failure that began it left no row to find again.
+                error = error_payload(
+                    FlowXError(
+                        f"{self.plan.ref} was compensating when it was resumed",
+                        code="flow.compensation_resumed",
+                    ),
+                    retryable=False,
+                )
+                node = halted.node or self.plan.body[0]
+                return await self._fail(node, halted.scope, error)
+            if self._compensating:
+                # Every step is in and nothing failed: this run undoes a finished instance
+                # (a child its parent is compensating, or such an undo resumed).
+                error = error_payload(
+                    FlowXError(
+                        f"{self.plan.ref} was undone by its parent's compensation",
+                        code="flow.undone",
+                    ),
+                    retryable=False,
+                )
+                return await self._fail(self.plan.body[-1], "", error)
             if not self._completed:
                 await self._transition(InstanceState.COMPLETED)
             return self._result("completed")
@@ -574,7 +663,7 @@ class Execution:
         error = {**failure, "step": node.name, "scope": scope}
         outcome: RunOutcome = "timed_out" if timed_out else "failed"
         final = InstanceState.TIMED_OUT if timed_out else InstanceState.FAILED
-        if any(d.node.compensate is not None for d in self.completed):
+        if any(isinstance(d.node, SubFlowNode) or d.node.compensate for d in self.completed):
             await self._transition(InstanceState.COMPENSATING)
             ended = await self._compensate(error)
             if ended is not None:
@@ -652,11 +741,31 @@ class Execution:
     async def _step(self, node: StepNode, scope: str, item: Any, has_item: bool) -> Any:
         key = (scope, node.step_id)
         a = self._attempts.get(key) or _Attempts()
-        argument = (
-            node.argument(self._source(item, has_item), self.state)
-            if node.argument is not None
-            else (item if has_item else self.input)
-        )
+        try:
+            argument = (
+                node.argument(self._source(item, has_item), self.state)
+                if node.argument is not None
+                else (item if has_item else self.input)
+            )
+        except Exception as exc:
+            if a.success is None and not a.failures:
+                self._forward(node, scope)
+                await self._fail_node(
+                    node,
+                    scope,
+                    a.last_attempt + 1,
+                    f"step {node.name!r}: argument= raised {type(exc).__name__}: {exc}",
+                    "step.argument_failed",
+                )
+            if a.success is None:
+                raise _StepFailed(node, scope, a.failures[-1]) from exc
+            log.warning(
+                "instance %s: argument= of replayed step %r raised %r; its compensation gets None",
+                self.instance_id,
+                node.name,
+                exc,
+            )
+            argument = None
         if a.success is not None:
             value = codec.loads(a.success.result)
             self.state = self._applied(node.into, value)
@@ -671,21 +780,23 @@ class Execution:
             )
             self.replayed += 1
             return value
-        if self._should_yield is not None and self._should_yield():
-            # A fenced write like any other: a node that lost the lease hands back nothing.
-            await self._transition(InstanceState.PENDING)
-            raise _Yield
         cap = self._pinned(node, a)
         policy = node.retry if cap.idempotent else NO_RETRY
         failures = list(a.failures)
         if _exhausted(failures, policy):
             raise _StepFailed(node, scope, failures[-1])
+        self._forward(node, scope)
+        if self._should_yield is not None and self._should_yield():
+            # A fenced write like any other: a node that lost the lease hands back nothing.
+            await self._transition(InstanceState.PENDING)
+            raise _Yield
         self._check_deadline(node, scope)
         attempt = a.last_attempt + 1
         drawn = a.last_failure_drawn
         if failures:
             await self.clock.sleep(policy.delay(len(failures)))
             self._check_deadline(node, scope)
+            self._forward(node, scope)
         if self._poisoned:
             self._poisoned = False
             error = error_payload(
@@ -700,6 +811,7 @@ class Execution:
             raise _StepFailed(node, scope, error)
         while True:
             ctx = self._context(node, scope, attempt, recorded=drawn)
+            self._live()
             started = time.monotonic()
             try:
                 raw = await cap.invoke(ctx, argument, self._executor)
@@ -726,6 +838,7 @@ class Execution:
                     raise _StepFailed(node, scope, error) from exc
                 await self.clock.sleep(policy.delay(len(failures)))
                 self._check_deadline(node, scope)
+                self._forward(node, scope)  # a fork sibling may have failed meanwhile
                 attempt += 1
                 drawn = ctx.drawn()
                 continue
@@ -754,7 +867,7 @@ class Execution:
     def _row(
         self,
         node: Node,
-        cap: Capability | None,
+        cap: Capability | _ChildUndo | None,
         scope: str,
         attempt: int,
         outcome: Outcome,
@@ -782,6 +895,9 @@ class Execution:
         if a is not None and a.success is not None:
             self.replayed += 1
             return codec.loads(a.success.result)
+        if a is not None and a.failures:
+            raise _StepFailed(node, scope, a.failures[-1])
+        self._forward(node, scope)
         self._check_deadline(node, scope)
         attempt = (a.last_attempt if a else 0) + 1
         source = self._source(item, has_item)
@@ -825,7 +941,20 @@ class Execution:
         return codec.loads(payload)
 
     async def _for_each(self, node: ForEachNode, scope: str, item: Any, has_item: bool) -> Any:
-        items = list(node.items(self._source(item, has_item), self.state))
+        a = self._attempts.get((scope, node.step_id))
+        if a is not None and a.failures:
+            raise _StepFailed(node, scope, a.failures[-1])
+        try:
+            items = list(node.items(self._source(item, has_item), self.state))
+        except Exception as exc:
+            self._forward(node, scope)
+            await self._fail_node(
+                node,
+                scope,
+                1,
+                f"for_each {node.name!r}: items= raised {type(exc).__name__}: {exc}",
+                "for_each.items_failed",
+            )
         collected: list[Any] = []
         for index, element in enumerate(items):
             child = f"{scope}/{index}" if scope else str(index)
@@ -869,6 +998,7 @@ class Execution:
             return taken["payload"]
         if a.failures:
             raise _StepFailed(node, scope, a.failures[-1])
+        self._forward(node, scope)
         self._check_deadline(node, scope)
         assert self._waits is not None  # FLOWX1017
         timeout_at = (
@@ -892,6 +1022,7 @@ class Execution:
                     value = codec.loads(
                         codec.dumps(TypeAdapter(node.payload_type).validate_json(arrived.payload))
                     )
+                    self._applied(node.into, value)  # it must fit its state field too
                 except ValidationError as exc:
                     await self._fail_node(
                         node,
@@ -950,6 +1081,7 @@ class Execution:
         if a.success is not None:
             self.replayed += 1
             return None
+        self._forward(node, scope)
         self._check_deadline(node, scope)
         until = self._wait_until(node, scope, node.duration)
         while self.clock.now() < until:
@@ -977,17 +1109,27 @@ class Execution:
         if a.success is not None:
             value = codec.loads(a.success.result)
             self.state = self._applied(node.into, value)
+            self.completed.append(
+                _Done(
+                    node=node,
+                    scope=scope,
+                    argument=None,
+                    result=value,
+                    order=self._order(a.success),
+                )
+            )
             self.replayed += 1
             return value
         if a.failures:
             raise _StepFailed(node, scope, a.failures[-1])
-        self._check_deadline(node, scope)
+        self._forward(node, scope)
         assert self._waits is not None and node.plan is not None
         attempt = a.last_attempt + 1
         child_id = child_instance_id(self.instance_id, scope, node.step_id)
         while True:
             child = await self._waits.child(child_id)
             if child is None:
+                self._check_deadline(node, scope)
                 try:
                     raw = node.input(self._source(item, has_item), self.state)
                     value = (
@@ -1007,12 +1149,34 @@ class Execution:
                 await self._waits.start_child(node, child_id, value, scope)
                 continue
             if child.state is InstanceState.COMPLETED:
+                # Recorded even past the deadline: the child's effects happened, and only a
+                # row puts them in this saga, to be undone if the parent now times out.
                 result = codec.loads(child.state_bag)
+                try:
+                    self._applied(node.into, result)
+                except ValidationError as exc:
+                    await self._fail_node(
+                        node,
+                        scope,
+                        attempt,
+                        f"sub_flow {node.name!r}: the result of {node.plan.ref} does not fit "
+                        f"state field {node.into!r}: {exc.errors()[0].get('msg')}",
+                        "sub_flow.result_invalid",
+                    )
                 await self._write(
                     key,
                     self._row(node, None, scope, attempt, Outcome.SUCCESS, child.state_bag),
                     apply=(node.into, result),
                     state=InstanceState.RUNNING,
+                )
+                self.completed.append(
+                    _Done(
+                        node=node,
+                        scope=scope,
+                        argument=None,
+                        result=result,
+                        order=self._order(None),
+                    )
                 )
                 self.executed += 1
                 return result
@@ -1028,6 +1192,9 @@ class Execution:
                     child_state=child.state.value,
                     child_error=codec.loads(child.error) if child.error else None,
                 )
+            # Past the deadline with the child still going: the parent times out; the
+            # child's deadline is capped at the parent's, so it times out too.
+            self._check_deadline(node, scope)
             await self._suspend(node, scope, at=None, signal=CHILD_WAIT, child=child_id)
 
     async def _fork(self, node: ForkNode, scope: str, item: Any, has_item: bool) -> Any:
@@ -1052,16 +1219,16 @@ class Execution:
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
         outcomes = [t.exception() if not t.cancelled() else None for t in tasks]
-        for kind in (_Abort, _Yield, _StepFailed, _DeadlineExceeded):
+        for kind in (_Abort, _Yield, _DeadlineExceeded, _StepFailed):
             first = next((e for e in outcomes if isinstance(e, kind)), None)
             if first is not None:
-                self._halted = False
                 raise first
         other = next((e for e in outcomes if e is not None and not isinstance(e, _Halted)), None)
         if other is not None:
             raise other
-        if any(isinstance(e, _Halted) for e in outcomes):  # pragma: no cover - halted by a sibling
-            raise _Halted
+        halted = next((e for e in outcomes if isinstance(e, _Halted)), None)
+        if halted is not None:  # compensating: nothing forward ran in any branch
+            raise halted
         return [t.result() for t in tasks]
 
     # -- compensation --------------------------------------------------------------------
@@ -1074,14 +1241,21 @@ class Execution:
         ``CompensationFailed`` transition and the alert event are one write, so the alert is
         durable exactly when the instance is terminal."""
         for done in sorted(self.completed, key=lambda d: d.order, reverse=True):
-            node, comp = done.node, done.node.compensate
-            if comp is None:
+            node = done.node
+            comp: Capability | _ChildUndo
+            if isinstance(node, SubFlowNode):
+                assert self._waits is not None
+                child_id = child_instance_id(self.instance_id, done.scope, node.step_id)
+                comp = _ChildUndo(self._waits, child_id, node)
+                policy = DEFAULT_COMPENSATION_RETRY
+            elif node.compensate is not None:
+                comp, policy = node.compensate, node.compensate_retry
+            else:
                 continue
             key = (done.scope, node.step_id)
             a = self._attempts.setdefault(key, _Attempts())
             if a.compensated:
                 continue
-            policy = node.compensate_retry
             failures = list(a.compensation_failures)
             if _exhausted(failures, policy):
                 return self._compensation_alert(done, comp, failures), False
@@ -1090,6 +1264,7 @@ class Execution:
                 ctx = self._context(
                     node, done.scope, attempt, step_result=done.result, compensating=True
                 )
+                self._live()
                 started = time.monotonic()
                 try:
                     await comp.invoke(ctx, done.argument, self._executor)
@@ -1132,7 +1307,7 @@ class Execution:
         return None
 
     def _compensation_alert(
-        self, done: _Done, comp: Capability, failures: list[dict[str, Any]]
+        self, done: _Done, comp: Capability | _ChildUndo, failures: list[dict[str, Any]]
     ) -> CompensationAlert:
         return CompensationAlert(
             flow_id=self.plan.flow_id,

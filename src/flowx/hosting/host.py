@@ -39,6 +39,7 @@ from flowx.errors import (
     InputInvalid,
     InstanceNotFound,
     NonDeterminismError,
+    NonRetryableError,
 )
 from flowx.hosting.alerts import AlertSink, LoggingAlertSink
 from flowx.hosting.lease import DurableLease
@@ -206,6 +207,9 @@ class _DurableWaits:
             node.plan, input_value, child_id, parent=self._record, scope=scope, node=node
         )
 
+    async def compensate_child(self, child_id: str) -> None:
+        await self._host._undo_child(child_id)
+
 
 class _EphemeralCommitter:
     """Ephemeral runs commit to nothing: the same loop, no journal."""
@@ -305,6 +309,7 @@ class FlowHost:
                 clock=self.clock,
                 wake=self._wake_candidate,
                 free_flow_slots=lambda: self.settings.max_concurrent_flows - len(self._tasks),
+                carried=lambda: [p.ref for p in self._plans.values()],
             )
             if store is not None
             else None
@@ -645,7 +650,15 @@ class FlowHost:
             state=InstanceState.RUNNING if self._accepting else InstanceState.PENDING,
             tenant_id=parent.tenant_id if tenant is None else str(tenant),
             correlation_id=parent.correlation_id,
-            deadline_at=now + plan.deadline if plan.deadline else None,
+            # Never past the parent's: a parent that times out finds its child timed out too.
+            deadline_at=min(
+                (
+                    d
+                    for d in (now + plan.deadline if plan.deadline else None, parent.deadline_at)
+                    if d is not None
+                ),
+                default=None,
+            ),
             parent_instance_id=parent.instance_id,
             parent_scope=scope,
             parent_step_id=node.step_id,
@@ -814,6 +827,8 @@ class FlowHost:
                     last_wake=last_wake,
                     replay_sequence=record.replay_sequence,
                     is_child=record.parent_instance_id is not None,
+                    state=record.state,
+                    guard=lambda: lease.token,
                 )
                 result = await execution.run()
                 log.debug("instance %s: %s", record.instance_id, result.outcome)
@@ -838,7 +853,70 @@ class FlowHost:
             await lease.release()
         return None
 
-    async def _after_run(self, plan: Plan, record: InstanceRecord, result: RunResult) -> None:
+    async def _undo_child(self, child_id: str) -> None:
+        """Undo a completed sub-flow child for its parent's compensation: take the child's
+        lease, replay it and run its own compensations, journaled in its own history. It
+        ends ``Failed`` (code ``flow.undone``), or ``CompensationFailed`` with its own alert."""
+        stores = self._require_stores()
+        record = await stores.journal.get(child_id)
+        if record is None or record.state in (InstanceState.FAILED, InstanceState.TIMED_OUT):
+            return  # never started, failed (and compensated itself), or already undone
+        if record.state is InstanceState.COMPENSATION_FAILED:
+            raise NonRetryableError(
+                f"child instance {child_id} could not be undone: its own compensation ran out "
+                f"({record.error}); replay the child, then this instance"
+            )
+        if record.state not in (InstanceState.COMPLETED, InstanceState.COMPENSATING):
+            raise FlowXError(
+                f"child instance {child_id} is {record.state.value}; it is undone once it ends",
+                code="sub_flow.child_busy",
+            )
+        plan = self.plan(record.flow_id, record.flow_version)
+        durable = await self._take_lease(stores, record)
+        if durable is None:
+            raise FlowXError(
+                f"child instance {child_id} is held by another node; trying again",
+                code="sub_flow.child_busy",
+            )
+        durable.start()
+        try:
+            history = await stores.journal.open(child_id, token=durable.token, now=self.clock.now())
+            child = history.instance
+            execution = Execution(
+                plan=plan,
+                instance_id=child_id,
+                input_value=plan.input_model.model_validate_json(child.input),
+                committer=_DurableCommitter(self, child_id, durable),
+                clock=self.clock,
+                history=history.steps,
+                tenant_id=child.tenant_id,
+                registry=self.registry,
+                executor=self._threads,
+                waits=_DurableWaits(self, child, durable),
+                replay_sequence=child.replay_sequence,
+                is_child=True,
+                state=child.state,
+                guard=lambda: durable.token,
+                undo=True,
+            )
+            result = await execution.run()
+        finally:
+            await durable.release()
+        await self._after_run(plan, child, result, wake_parent=False)
+        if result.outcome == "compensation_failed":
+            raise NonRetryableError(
+                f"child instance {child_id} could not be undone: its compensation ran out "
+                f"({result.error}); replay the child, then this instance"
+            )
+        if result.final_state is None:
+            raise FlowXError(
+                f"undoing child instance {child_id} stopped ({result.outcome}); trying again",
+                code="sub_flow.child_busy",
+            )
+
+    async def _after_run(
+        self, plan: Plan, record: InstanceRecord, result: RunResult, *, wake_parent: bool = True
+    ) -> None:
         """What follows a run on this node: arm the timer for a wait sealed here, raise the
         alert for a compensation that ran out, wake the parent of a child that ended."""
         if result.outcome == "suspended" and self.timers is not None:
@@ -856,7 +934,7 @@ class FlowHost:
         elif result.outcome == "timed_out":
             DEADLINE_EXCEEDED.inc(plan.flow_id)
         parent = record.parent_instance_id
-        if result.final_state is not None and parent is not None:
+        if wake_parent and result.final_state is not None and parent is not None:
             # The child's last commit already made the parent Pending (durably); resuming it
             # here only saves the wait for a recovery sweep. Its own task: this lease is
             # released first.
@@ -905,6 +983,9 @@ class FlowHost:
         for; the signal is kept in the instance's inbox and, if the instance is waiting for
         it, wakes it: here if this node can run it (and ``run_here``, the default),
         otherwise it is left ``Pending`` for any worker.
+
+        ``payload`` is a value of the awaited type (or a dict of its fields); a ``str`` or
+        ``bytes`` payload is JSON text, as ``flowx signal --payload`` sends it.
 
         ``key`` makes a redelivery inert: a signal with a key already received writes
         nothing and returns ``status="duplicate"``. So does any signal for a wait that can

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -59,12 +59,14 @@ class TimerService:
         clock: Clock,
         wake: Wake,
         free_flow_slots: Callable[[], int],
+        carried: Callable[[], Sequence[str]] | None = None,
     ) -> None:
         self._waits = waits
         self._settings = settings
         self._clock = clock
         self._wake = wake
         self._free = free_flow_slots
+        self._carried = carried
         self._poked = asyncio.Event()
         # The last sweep left due work behind for want of a free flow slot: a slot freeing
         # up is then worth a sweep at once, rather than at the next poll.
@@ -88,7 +90,8 @@ class TimerService:
             return TimerSweep(skipped_busy=True)
         now = self._clock.now()
         limit = min(free, self._settings.timer_batch_size)
-        due = await self._waits.find_due(now=now, limit=limit)
+        flows = None if self._carried is None else self._carried()
+        due = await self._waits.find_due(now=now, limit=limit, flows=flows)
         self._starved = len(due) >= limit
         counts = {"resumed": 0, "lost_race": 0, "not_runnable": 0, "gone": 0}
         # Each wake is a lease and an open, two round trips: taken one by one, a page of 100

@@ -278,6 +278,8 @@ class _Compiler:
         self.names: dict[str, int] = {}
         # The fork branch being compiled, if any: waits are refused inside one (FLOWX1019).
         self.in_fork: str | None = None
+        # Signal name -> payload type: a signal is checked against one type when it is sent.
+        self.signal_types: dict[str, Any] = {}
 
     def error(self, code: str, message: str) -> PlanError:
         return PlanError(code, f"flow {self.b._flow_id!r}: {message}", flow_id=self.b._flow_id)
@@ -499,6 +501,13 @@ class _Compiler:
                     "FLOWX1023",
                     f"{where}: signal name {a['signal']!r} must be a non-empty string not "
                     "starting with 'flowx.' (FlowX's own waits use that prefix)",
+                )
+            known = self.signal_types.setdefault(a["signal"], a["payload_type"])
+            if known != a["payload_type"]:
+                raise self.error(
+                    "FLOWX1021",
+                    f"{where}: signal {a['signal']!r} is awaited elsewhere in this flow as "
+                    f"{known!r}; one signal name has one payload type, so use another name",
                 )
             try:
                 TypeAdapter(a["payload_type"])

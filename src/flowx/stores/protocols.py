@@ -191,9 +191,15 @@ class WaitStore(Protocol):
         """The inbox for one signal name, in order of arrival."""
         ...
 
-    async def find_due(self, *, now: datetime, limit: int) -> Sequence[RecoveryCandidate]:
+    async def find_due(
+        self, *, now: datetime, limit: int, flows: Sequence[str] | None = None
+    ) -> Sequence[RecoveryCandidate]:
         """Suspended instances whose ``wake_at`` is at or before ``now``, earliest first;
-        served by ``flow_instance_wake_idx`` (a partial index over Suspended rows)."""
+        served by ``flow_instance_wake_idx`` (a partial index over Suspended rows).
+
+        ``flows`` (``"flow_id@version"`` refs) keeps only instances of those flows: a node
+        asks for what it can run, so due rows of a version no node here carries (R7.3) can
+        never fill its page and starve the rest."""
         ...
 
     async def next_wake(self) -> datetime | None:

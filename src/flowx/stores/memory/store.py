@@ -371,9 +371,16 @@ class MemoryWaits:
             if r.state is InstanceState.SUSPENDED and r.wake_at is not None
         ]
 
-    async def find_due(self, *, now: datetime, limit: int) -> Sequence[RecoveryCandidate]:
+    async def find_due(
+        self, *, now: datetime, limit: int, flows: Sequence[str] | None = None
+    ) -> Sequence[RecoveryCandidate]:
+        carried = None if flows is None else set(flows)
         due = [
-            r for r in self._suspended_with_timer() if r.wake_at is not None and r.wake_at <= now
+            r
+            for r in self._suspended_with_timer()
+            if r.wake_at is not None
+            and r.wake_at <= now
+            and (carried is None or f"{r.flow_id}@{r.flow_version}" in carried)
         ]
         due.sort(key=lambda r: (r.wake_at, r.instance_id))
         return tuple(

@@ -91,6 +91,12 @@ FIND_DUE: Final[LiteralString] = (
     "SELECT instance_id, flow_id, flow_version, state, updated_at FROM flow_instance "
     "WHERE state = 'Suspended' AND wake_at <= %s ORDER BY wake_at LIMIT %s"
 )
+# The same, only for the flows a node carries: still the wake_at range scan, the refs a filter.
+FIND_DUE_CARRIED: Final[LiteralString] = (
+    "SELECT instance_id, flow_id, flow_version, state, updated_at FROM flow_instance "
+    "WHERE state = 'Suspended' AND wake_at <= %s "
+    "AND (flow_id || '@' || flow_version) = ANY (%s::text[]) ORDER BY wake_at LIMIT %s"
+)
 # flow_instance_wake_idx: min() over an index is its first entry.
 NEXT_WAKE: Final[LiteralString] = "SELECT min(wake_at) FROM flow_instance WHERE state = 'Suspended'"
 
@@ -184,8 +190,12 @@ class PostgresWaits:
             rows = await (await cur.execute(SELECT_SIGNALS, (instance_id, name))).fetchall()
         return tuple(SignalRecord(**r) for r in rows)
 
-    async def find_due(self, *, now: datetime, limit: int) -> Sequence[RecoveryCandidate]:
-        return await candidates(self._db, FIND_DUE, (now, limit))
+    async def find_due(
+        self, *, now: datetime, limit: int, flows: Sequence[str] | None = None
+    ) -> Sequence[RecoveryCandidate]:
+        if flows is None:
+            return await candidates(self._db, FIND_DUE, (now, limit))
+        return await candidates(self._db, FIND_DUE_CARRIED, (now, list(flows), limit))
 
     async def next_wake(self) -> datetime | None:
         async with self._db.connection() as conn:

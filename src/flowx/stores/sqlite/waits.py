@@ -72,6 +72,14 @@ FIND_DUE: Final = (
     "FROM flow_instance INDEXED BY flow_instance_wake_idx "
     "WHERE state = 'Suspended' AND wake_at <= ? ORDER BY wake_at LIMIT ?"
 )
+# The same, only for the flows a node carries (a JSON list of "flow_id@version" refs).
+FIND_DUE_CARRIED: Final = (
+    "SELECT instance_id, flow_id, flow_version, state, updated_at "
+    "FROM flow_instance INDEXED BY flow_instance_wake_idx "
+    "WHERE state = 'Suspended' AND wake_at <= ? "
+    "AND (flow_id || '@' || flow_version) IN (SELECT value FROM json_each(?)) "
+    "ORDER BY wake_at LIMIT ?"
+)
 # flow_instance_wake_idx: min() over an index is its first entry.
 NEXT_WAKE: Final = "SELECT min(wake_at) FROM flow_instance WHERE state = 'Suspended'"
 
@@ -178,9 +186,14 @@ class SqliteWaits:
 
         return await self._db.run(q)
 
-    async def find_due(self, *, now: datetime, limit: int) -> Sequence[RecoveryCandidate]:
+    async def find_due(
+        self, *, now: datetime, limit: int, flows: Sequence[str] | None = None
+    ) -> Sequence[RecoveryCandidate]:
         def q(conn: sqlite3.Connection) -> Sequence[RecoveryCandidate]:
-            return candidates(conn, FIND_DUE, (to_text(now), limit))
+            if flows is None:
+                return candidates(conn, FIND_DUE, (to_text(now), limit))
+            refs = json.dumps(list(flows))
+            return candidates(conn, FIND_DUE_CARRIED, (to_text(now), refs, limit))
 
         return await self._db.run(q)
 

@@ -1,0 +1,282 @@
+"""The edges of a saga: what must never run once compensation has begun, a zombie that must
+not compensate (R3.5), a child undone with its parent, errors in selectors, and a timer page
+that a version nobody carries must not fill (R7.3)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+import flowx
+from flowx.engine import Execution
+from flowx.engine.runner import child_instance_id
+from flowx.stores.errors import LeaseLost
+from flowx.stores.records import InstanceState, Outcome, StepRecord
+from flowx.testing import FakeClock
+
+calls: Counter[str] = Counter()
+broken: set[str] = set()
+
+
+@pytest.fixture(autouse=True)
+def _reset() -> None:
+    calls.clear()
+    broken.clear()
+
+
+class Order(BaseModel):
+    order_id: str
+    box: dict[str, int] = {}
+
+
+class OrderState(BaseModel):
+    reservation: str | None = None
+    shipped: dict[str, Any] | None = None
+    s1: str | None = None
+    s2: str | None = None
+
+
+def _cap(name: str, *, delay: float = 0.0, non_retryable: bool = False) -> flowx.Capability:
+    async def run(ctx: flowx.StepContext, order: Any) -> str:
+        calls[name] += 1
+        if delay:
+            await asyncio.sleep(delay)
+        if name in broken:
+            if non_retryable:
+                raise flowx.NonRetryableError(f"{name} refused")
+            raise RuntimeError(f"{name} is down")
+        return f"{name}-done"
+
+    run.__name__ = name
+    return flowx.capability(f"edge.{name}", version="1.0.0")(run)
+
+
+reserve = _cap("reserve")
+release = _cap("release")
+s1 = _cap("s1", delay=0.05)
+u1 = _cap("u1")
+s2 = _cap("s2")
+fail_now = _cap("f", non_retryable=True)
+flaky = _cap("flaky", delay=0.02)
+slow_fail = _cap("slow_fail", delay=0.07, non_retryable=True)
+ship = _cap("ship")
+unship = _cap("unship")
+charge = _cap("charge", non_retryable=True)
+
+ONCE = flowx.Retry(attempts=1, backoff="none")
+
+
+async def rows_of(host: flowx.FlowHost, iid: str) -> list[StepRecord]:
+    assert host.store is not None
+    return list(await host.store.journal.steps(iid))
+
+
+async def test_a_replayed_fork_runs_nothing_forward_once_compensation_has_begun(
+    host_factory: Any,
+) -> None:
+    plan = (
+        flowx.flow("edge.fork", version="1", input=Order, state=OrderState)
+        .step(reserve, into="reservation", compensate=release, compensate_retry=ONCE)
+        .fork(
+            "f",
+            lambda b: b.step(s1, into="s1", compensate=u1).step(s2, into="s2"),
+            lambda b: b.step(fail_now),
+        )
+        .build()
+    )
+    host = await host_factory(plan)
+    broken.update({"f", "release"})
+    handle = await host.start(plan, Order(order_id="e1"))
+    with pytest.raises(flowx.FlowFailed):
+        await handle.result(timeout=5)
+    assert calls["s2"] == 0  # halted at its boundary by the sibling's failure
+    broken.discard("release")
+    dry = await host.replay(handle.instance_id, "edge.reserve", dry_run=True)
+    assert dry.reruns == ("undo edge.reserve",)
+    await host.replay(handle.instance_id, "edge.reserve")
+    await host.wait_idle(timeout=5)
+    assert (await host.get(handle.instance_id)).state is InstanceState.FAILED
+    assert calls["s2"] == 0 and calls["s1"] == 1  # the replay ran nothing forward
+    forward = [r for r in await rows_of(host, handle.instance_id) if r.step_name == "edge.s2"]
+    assert forward == []
+
+
+async def test_a_failing_branch_stops_a_sibling_between_its_retries(host_factory: Any) -> None:
+    plan = (
+        flowx.flow("edge.retry", version="1", input=Order, state=OrderState)
+        .fork(
+            "f",
+            lambda b: b.step(flaky, retry=flowx.Retry(attempts=50, backoff="none")),
+            lambda b: b.step(slow_fail),
+        )
+        .build()
+    )
+    host = await host_factory(plan)
+    broken.update({"flaky", "slow_fail"})
+    handle = await host.start(plan, Order(order_id="e2"))
+    with pytest.raises(flowx.FlowFailed) as failed:
+        await handle.result(timeout=10)
+    assert failed.value.error["step"] == "edge.slow_fail"
+    assert 1 <= calls["flaky"] < 10  # ~0.07 s / 0.02 s per try, far short of 50
+
+
+LEASE = {"lost": False}
+
+
+@flowx.capability("edge.charge_then_pause", version="1.0.0")
+async def charge_then_pause(ctx: flowx.StepContext, order: Order) -> None:
+    LEASE["lost"] = True  # the node pauses past its TTL while this step fails
+    raise flowx.NonRetryableError("card declined")
+
+
+async def test_a_node_that_lost_its_lease_does_not_run_the_compensation(clock: FakeClock) -> None:
+    """R3.5: a compensation is an effect like any other; a zombie must stop before it."""
+    plan = (
+        flowx.flow("edge.zombie", version="1", input=Order, state=OrderState)
+        .step(reserve, into="reservation", compensate=release)
+        .step(charge_then_pause)
+        .build()
+    )
+    LEASE["lost"] = False
+
+    async def commit(**kw: Any) -> None:
+        return None
+
+    def guard() -> int:
+        if LEASE["lost"]:
+            raise LeaseLost("i", 1, "no renewal was confirmed in time")
+        return 1
+
+    execution = Execution(
+        plan=plan,
+        instance_id="i",
+        input_value=Order(order_id="z"),
+        committer=commit,
+        clock=clock,
+        guard=guard,
+    )
+    result = await execution.run()
+    assert result.outcome == "aborted"
+    assert calls["reserve"] == 1 and calls["release"] == 0
+
+
+async def test_a_completed_child_is_undone_when_its_parent_fails_later(host_factory: Any) -> None:
+    child = (
+        flowx.flow("edge.child", version="1", input=Order, state=OrderState)
+        .step(ship, into="s1", compensate=unship)
+        .build()
+    )
+    parent = (
+        flowx.flow("edge.parent", version="1", input=Order, state=OrderState, deadline="1h")
+        .step(reserve, into="reservation", compensate=release)
+        .sub_flow(child, lambda o, s: o, into="shipped")
+        .step(charge)
+        .build()
+    )
+    host = await host_factory(parent)
+    broken.add("charge")
+    handle = await host.start(parent, Order(order_id="e4"))
+    with pytest.raises(flowx.FlowFailed):
+        await handle.result(timeout=5)
+    assert calls["unship"] == 1 and calls["release"] == 1
+    child_id = child_instance_id(handle.instance_id, "", 2)
+    record = await host.get(child_id)
+    assert record.state is InstanceState.FAILED
+    assert flowx.codec.loads(record.error)["code"] == "flow.undone"
+    assert record.deadline_at is not None  # capped by the parent's deadline
+    assert record.deadline_at <= (await host.get(handle.instance_id)).deadline_at
+    child_rows = [(r.step_name, r.outcome) for r in await rows_of(host, child_id)]
+    assert child_rows == [("edge.ship", Outcome.SUCCESS), ("edge.ship", Outcome.COMPENSATED)]
+    parent_rows = [(r.step_name, r.outcome) for r in await rows_of(host, handle.instance_id)]
+    assert ("sub_flow:edge.child", Outcome.COMPENSATED) in parent_rows
+    # Undone newest first: the child before the reservation.
+    order = [r.step_name for r in await rows_of(host, handle.instance_id)]
+    assert order.index("sub_flow:edge.child", 2) < order.index("edge.reserve", 1)
+
+
+async def test_a_child_that_cannot_be_undone_fails_the_parents_compensation(
+    host_factory: Any,
+) -> None:
+    child = (
+        flowx.flow("edge.child2", version="1", input=Order, state=OrderState)
+        .step(ship, into="s1", compensate=unship, compensate_retry=ONCE)
+        .build()
+    )
+    parent = (
+        flowx.flow("edge.parent2", version="1", input=Order, state=OrderState)
+        .sub_flow(child, lambda o, s: o, into="shipped")
+        .step(charge)
+        .build()
+    )
+    sink = flowx.RecordingAlertSink()
+    host = await host_factory(parent, alerts=sink)
+    broken.update({"charge", "unship"})
+    handle = await host.start(parent, Order(order_id="e5"))
+    with pytest.raises(flowx.FlowFailed) as failed:
+        await handle.result(timeout=5)
+    assert failed.value.state == "CompensationFailed"
+    child_id = child_instance_id(handle.instance_id, "", 1)
+    assert (await host.get(child_id)).state is InstanceState.COMPENSATION_FAILED
+    # One alert for each instance that ran out: the child's own, and its parent's.
+    assert sorted(a.capability for a in sink.alerts) == [
+        "edge.unship@1.0.0",
+        "sub_flow:edge.child2@1",
+    ]
+
+
+async def test_a_selector_that_raises_fails_the_flow_instead_of_leaving_it_running(
+    host_factory: Any,
+) -> None:
+    plan = (
+        flowx.flow("edge.selector", version="1", input=Order, state=OrderState)
+        .step(reserve, into="reservation", compensate=release)
+        .step(ship, argument=lambda o, s: o.box["missing"])
+        .build()
+    )
+    loop = (
+        flowx.flow("edge.items", version="1", input=Order, state=OrderState)
+        .step(reserve, into="reservation", compensate=release)
+        .for_each("lines", lambda o, s: o.box["missing"], lambda b: b.step(ship))
+        .build()
+    )
+    host = await host_factory(plan, loop)
+    for flow, code in ((plan, "step.argument_failed"), (loop, "for_each.items_failed")):
+        handle = await host.start(flow, Order(order_id=flow.flow_id))
+        with pytest.raises(flowx.FlowFailed) as failed:
+            await handle.result(timeout=5)
+        assert failed.value.state == "Failed"
+        assert failed.value.error["code"] == code and "KeyError" in failed.value.error["message"]
+    assert calls["release"] == 2 and calls["ship"] == 0
+
+
+async def test_due_instances_of_a_version_nobody_here_carries_do_not_starve_the_rest(
+    host_factory: Any, clock: FakeClock
+) -> None:
+    def sleeper(version: str) -> flowx.Plan:
+        return (
+            flowx.flow("edge.nap", version=version, input=Order, state=OrderState)
+            .sleep("1m", name="nap")
+            .step(ship, into="s1")
+            .build()
+        )
+
+    old, new = sleeper("1"), sleeper("2")
+    both = await host_factory(old, new)
+    for n in range(3):
+        await both.start(old, Order(order_id=f"old-{n}"))
+    clock.advance(seconds=1)
+    fresh = await both.start(new, Order(order_id="new"))
+    await both.wait_idle(timeout=5)
+    await both.drain(timeout=1)
+    clock.advance(minutes=10)
+    # A page of 3 would hold only the 3 older sleepers of version 1, which this node leaves
+    # alone (R7.3): asked for what it carries, it finds the one it can run.
+    only_new = await host_factory(new, settings=flowx.HostSettings(timer_batch_size=3))
+    sweep = await only_new.timers.run_once()
+    assert (sweep.due, sweep.woken) == (1, 1)
+    await only_new.wait_idle(timeout=5)
+    assert (await only_new.get(fresh.instance_id)).state is InstanceState.COMPLETED
