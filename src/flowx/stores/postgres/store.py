@@ -278,17 +278,23 @@ class PostgresJournal:
             return lease, CreateResult(instance=await existing(cur, instance), created=False)
 
     async def open(self, instance_id: str, *, token: int, now: datetime) -> History:
-        async with self._db.connection() as conn, conn.transaction():
-            cur = conn.cursor(row_factory=dict_row)
-            params = {"instance_id": instance_id, "token": token, "now": now}
-            row = await (await cur.execute(OPEN_INSTANCE, params)).fetchone()
+        # One round trip: the fence rises, then the history is read, in one transaction sent
+        # as a pipeline. A refused open reads the history for nothing, and says why below.
+        params = {"instance_id": instance_id, "token": token, "now": now}
+        async with self._db.connection() as conn:
+            opened = conn.cursor(row_factory=dict_row)
+            read = conn.cursor(row_factory=dict_row)
+            async with conn.pipeline(), conn.transaction():
+                await opened.execute(OPEN_INSTANCE, params, prepare=True)
+                await conn.execute(RESUME_READ_PLAN)
+                await read.execute(SELECT_STEPS, (instance_id,), prepare=True)
+            row = await opened.fetchone()
             if row is None:
                 fence = await (await conn.execute(FENCE_OF, (instance_id,))).fetchone()
                 if fence is None:
                     raise UnknownInstance(instance_id)
                 raise FencedOut(instance_id, token, int(fence[0]))
-            await conn.execute(RESUME_READ_PLAN)
-            steps = await (await cur.execute(SELECT_STEPS, (instance_id,))).fetchall()
+            steps = await read.fetchall()
             return History(instance=_instance(row), steps=tuple(_step(s) for s in steps))
 
     async def commit(self, commit: StepCommit) -> int | None:
