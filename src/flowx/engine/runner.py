@@ -721,6 +721,18 @@ class Execution:
                 )
         return last
 
+    def _replay_done(
+        self, node: StepNode | SubFlowNode, scope: str, row: StepRecord, argument: Any
+    ) -> Any:
+        """A committed result, applied as a live one is and kept for compensation."""
+        value = codec.loads(row.result)
+        self.state = self._applied(node.into, value)
+        self.completed.append(
+            _Done(node=node, scope=scope, argument=argument, result=value, order=self._order(row))
+        )
+        self.replayed += 1
+        return value
+
     def _source(self, item: Any, has_item: bool) -> Any:
         """A selector's first argument: the flow input, or the element inside a for_each."""
         return item if has_item else self.input
@@ -767,19 +779,7 @@ class Execution:
             )
             argument = None
         if a.success is not None:
-            value = codec.loads(a.success.result)
-            self.state = self._applied(node.into, value)
-            self.completed.append(
-                _Done(
-                    node=node,
-                    scope=scope,
-                    argument=argument,
-                    result=value,
-                    order=self._order(a.success),
-                )
-            )
-            self.replayed += 1
-            return value
+            return self._replay_done(node, scope, a.success, argument)
         cap = self._pinned(node, a)
         policy = node.retry if cap.idempotent else NO_RETRY
         failures = list(a.failures)
@@ -1107,19 +1107,7 @@ class Execution:
         key = (scope, node.step_id)
         a = self._attempts.get(key) or _Attempts()
         if a.success is not None:
-            value = codec.loads(a.success.result)
-            self.state = self._applied(node.into, value)
-            self.completed.append(
-                _Done(
-                    node=node,
-                    scope=scope,
-                    argument=None,
-                    result=value,
-                    order=self._order(a.success),
-                )
-            )
-            self.replayed += 1
-            return value
+            return self._replay_done(node, scope, a.success, None)
         if a.failures:
             raise _StepFailed(node, scope, a.failures[-1])
         self._forward(node, scope)

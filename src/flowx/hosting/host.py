@@ -478,29 +478,13 @@ class FlowHost:
         budget = (
             self.settings.shutdown_drain_timeout.total_seconds() if timeout is None else timeout
         )
-        if self._recovery_task is not None:
-            # Let a sweep in progress finish rather than cancel it: a takeover cancelled
-            # between its lease and its first step would hold an instance for a whole TTL.
-            # Whatever it takes over now yields at its first step (not accepting).
-            try:
-                await asyncio.wait_for(asyncio.shield(self._recovery_task), timeout=budget)
-            except TimeoutError:
-                self._recovery_task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._recovery_task
-            except Exception:
-                log.exception("drain: the recovery scan ended with an error")
-        if self._timer_task is not None:
-            # Stopped before the instances drain: a wake now would only be handed back.
-            try:
-                await asyncio.wait_for(asyncio.shield(self._timer_task), timeout=budget)
-            except TimeoutError:
-                self._timer_task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._timer_task
-            except Exception:
-                log.exception("drain: the timer service ended with an error")
-            self._timer_task = None
+        # Let a recovery sweep in progress finish rather than cancel it: a takeover cancelled
+        # between its lease and its first step would hold an instance for a whole TTL.
+        # Whatever it takes over now yields at its first step (not accepting). The timer
+        # service stops before the instances drain too: a wake now would only be handed back.
+        await _stop_service(self._recovery_task, budget, "the recovery scan")
+        await _stop_service(self._timer_task, budget, "the timer service")
+        self._timer_task = None
         if self._wakers:
             await asyncio.gather(*list(self._wakers), return_exceptions=True)
         tasks = list(self._tasks.values())
@@ -1204,6 +1188,20 @@ class FlowHost:
                 await asyncio.gather(*list(self._tasks.values()), return_exceptions=True)
 
         await asyncio.wait_for(idle(), timeout)
+
+
+async def _stop_service(task: asyncio.Task[None] | None, budget: float, what: str) -> None:
+    """Wait up to ``budget`` for a service loop that was told to stop, then cancel it."""
+    if task is None:
+        return
+    try:
+        await asyncio.wait_for(asyncio.shield(task), timeout=budget)
+    except TimeoutError:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    except Exception:
+        log.exception("drain: %s ended with an error", what)
 
 
 def _vkey(version: str) -> tuple[int, ...]:
