@@ -26,7 +26,7 @@ from flowx.stores.postgres.store import (
     RESUME_READ_PLAN,
     SELECT_STEPS,
 )
-from flowx.stores.postgres.waits import FIND_DUE, NEXT_WAKE
+from flowx.stores.postgres.waits import FIND_DUE, FIND_DUE_CARRIED, NEXT_WAKE
 from flowx.testing.conformance._support import T0
 from tests.postgres.support import (
     connect,
@@ -295,6 +295,27 @@ def test_the_timer_scan_reads_the_wake_index_in_wake_order(
         journal.schema, FIND_DUE, (T0 + timedelta(seconds=due_after), 100), generic=generic
     )
     assert_served_by(plan, "flow_instance_wake_idx")
+
+
+@PLANS
+@pytest.mark.parametrize("due_after", [50_000, 1_000_000], ids=["half-due", "all-due"])
+def test_the_timer_scan_for_carried_flows_reads_the_wake_index_too(
+    journal: Journal, generic: bool, due_after: int
+) -> None:
+    """R2.11, R7.3: the query a node really sends — only the flows it carries — is the same
+    range scan of flow_instance_wake_idx, the carried refs a filter on it; no sort."""
+    now = T0 + timedelta(seconds=due_after)
+    plan = explain(
+        journal.schema,
+        FIND_DUE_CARRIED,
+        (now, ["plan.flow@1.0.0", "other@2"], 100),
+        generic=generic,
+    )
+    assert_served_by(plan, "flow_instance_wake_idx")
+    with connect(journal.schema) as conn:
+        carried = conn.execute(FIND_DUE_CARRIED, (now, ["plan.flow@1.0.0"], 100)).fetchall()
+        elsewhere = conn.execute(FIND_DUE_CARRIED, (now, ["other@2"], 100)).fetchall()
+    assert len(carried) == 100 and elsewhere == []
 
 
 @PLANS
