@@ -77,7 +77,14 @@ class SqliteJournal:
     def count(self, sql: str, *args: object) -> int:
         if not self.path.exists():
             return 0
-        rows = self.query(sql, *args)
+        try:
+            rows = self.query(sql, *args)
+        except sqlite3.OperationalError as exc:
+            # The node creates the file, then migrates it: between the two there is a file
+            # with no tables yet, which is "nothing started", not an error.
+            if "no such table" in str(exc):
+                return 0
+            raise
         return int(rows[0][0] or 0) if rows else 0
 
     def first_commits_after(self, at: datetime) -> list[tuple[Any, datetime]]:
