@@ -33,6 +33,11 @@ class Order(BaseModel):
     box: dict[str, int] = {}
 
 
+class CollectState(BaseModel):
+    reservation: str | None = None
+    counts: list[int] = []
+
+
 class OrderState(BaseModel):
     reservation: str | None = None
     shipped: dict[str, Any] | None = None
@@ -243,14 +248,24 @@ async def test_a_selector_that_raises_fails_the_flow_instead_of_leaving_it_runni
         .for_each("lines", lambda o, s: o.box["missing"], lambda b: b.step(ship))
         .build()
     )
-    host = await host_factory(plan, loop)
-    for flow, code in ((plan, "step.argument_failed"), (loop, "for_each.items_failed")):
+    collect = (
+        flowx.flow("edge.collect", version="1", input=Order, state=CollectState)
+        .step(reserve, into="reservation", compensate=release)
+        .for_each("lines", lambda o, s: [1, 2], lambda b: b.step(ship), into="counts")
+        .build()
+    )
+    host = await host_factory(plan, loop, collect)
+    for flow, code in (
+        (plan, "step.argument_failed"),
+        (loop, "for_each.items_failed"),
+        (collect, "for_each.result_invalid"),
+    ):
         handle = await host.start(flow, Order(order_id=flow.flow_id))
         with pytest.raises(flowx.FlowFailed) as failed:
             await handle.result(timeout=5)
         assert failed.value.state == "Failed"
-        assert failed.value.error["code"] == code and "KeyError" in failed.value.error["message"]
-    assert calls["release"] == 2 and calls["ship"] == 0
+        assert failed.value.error["code"] == code
+    assert calls["release"] == 3
 
 
 async def test_due_instances_of_a_version_nobody_here_carries_do_not_starve_the_rest(
@@ -280,3 +295,165 @@ async def test_due_instances_of_a_version_nobody_here_carries_do_not_starve_the_
     assert (sweep.due, sweep.woken) == (1, 1)
     await only_new.wait_idle(timeout=5)
     assert (await only_new.get(fresh.instance_id)).state is InstanceState.COMPLETED
+
+
+async def test_a_timer_loop_facing_only_other_versions_due_rows_does_not_spin(
+    host_factory: Any, clock: FakeClock
+) -> None:
+    def sleeper(version: str) -> flowx.Plan:
+        return (
+            flowx.flow("edge.nap2", version=version, input=Order, state=OrderState)
+            .sleep("1m", name="nap")
+            .step(ship, into="s1")
+            .build()
+        )
+
+    old, new = sleeper("1"), sleeper("2")
+    first = await host_factory(old, new)
+    await first.start(old, Order(order_id="old"))
+    await first.wait_idle(timeout=5)
+    await first.drain(timeout=1)
+    clock.advance(minutes=5)
+    host = await host_factory(new)
+    assert host.timers is not None
+    sweeps = 0
+    run_once = host.timers.run_once
+
+    async def counted() -> Any:
+        nonlocal sweeps
+        sweeps += 1
+        return await run_once()
+
+    host.timers.run_once = counted  # type: ignore[method-assign]
+    stop = asyncio.Event()
+    loop = asyncio.create_task(host.timers.run_forever(stop))
+    await asyncio.sleep(0.5)
+    stop.set()
+    await loop
+    assert 1 <= sweeps <= 3  # one sweep, then the poll interval (1 s): not a hot loop
+
+
+GATE: dict[str, asyncio.Event] = {}
+
+
+@flowx.capability("edge.slow_ship", version="1.0.0")
+async def slow_ship(ctx: flowx.StepContext, order: Order) -> str:
+    calls["slow_ship"] += 1
+    await GATE["ship"].wait()
+    return "shipped"
+
+
+async def test_a_child_that_completes_after_its_parents_deadline_is_undone(
+    host_factory: Any, clock: FakeClock
+) -> None:
+    child = (
+        flowx.flow("edge.late-child", version="1", input=Order, state=OrderState)
+        .step(slow_ship, into="s1", compensate=unship)
+        .build()
+    )
+    parent = (
+        flowx.flow("edge.late-parent", version="1", input=Order, state=OrderState, deadline="1h")
+        .step(reserve, into="reservation", compensate=release)
+        .sub_flow(child, lambda o, s: o, into="shipped")
+        .step(s2, into="s2")
+        .build()
+    )
+    GATE["ship"] = asyncio.Event()
+    host = await host_factory(parent)
+    handle = await host.start(parent, Order(order_id="late"))
+    while (await host.get(handle.instance_id)).state is not InstanceState.SUSPENDED:
+        await asyncio.sleep(0.01)
+    clock.advance(hours=2)  # the child's step is still running past the shared deadline
+    assert (await host.timers.run_once()).woken == 1
+    await asyncio.sleep(0.05)
+    # Woken at its deadline, the parent waits on for the child instead of ending first.
+    assert (await host.get(handle.instance_id)).state is InstanceState.SUSPENDED
+    GATE["ship"].set()
+    with pytest.raises(flowx.FlowFailed) as failed:
+        await handle.result(timeout=5)
+    assert failed.value.state == "TimedOut"
+    child_record = await host.get(child_instance_id(handle.instance_id, "", 2))
+    assert flowx.codec.loads(child_record.error)["code"] == "flow.undone"
+    assert calls["unship"] == 1 and calls["release"] == 1 and calls["s2"] == 0
+
+
+async def test_a_child_that_times_out_with_its_parent_leaves_the_parent_timed_out(
+    host_factory: Any, clock: FakeClock
+) -> None:
+    child = (
+        flowx.flow("edge.waiting-child", version="1", input=Order, state=OrderState)
+        .step(ship, into="s1", compensate=unship)
+        .await_signal("go", dict)
+        .build()
+    )
+    parent = (
+        flowx.flow("edge.waiting-parent", version="1", input=Order, state=OrderState, deadline="1h")
+        .step(reserve, into="reservation", compensate=release)
+        .sub_flow(child, lambda o, s: o)
+        .build()
+    )
+    host = await host_factory(parent)
+    handle = await host.start(parent, Order(order_id="both"))
+    child_id = child_instance_id(handle.instance_id, "", 2)
+    assert host.store is not None
+    journal = host.store.journal
+
+    async def both_suspended() -> bool:
+        records = [await journal.get(i) for i in (child_id, handle.instance_id)]
+        return all(r is not None and r.state is InstanceState.SUSPENDED for r in records)
+
+    while not await both_suspended():
+        await asyncio.sleep(0.01)
+    clock.advance(hours=2)
+    await host.timers.run_once()
+    with pytest.raises(flowx.FlowFailed) as failed:
+        await handle.result(timeout=5)
+    assert failed.value.state == "TimedOut"
+    assert (await host.get(child_id)).state is InstanceState.TIMED_OUT
+    assert calls["unship"] == 1 and calls["release"] == 1
+
+
+@flowx.capability("edge.hold_child_lease", version="1.0.0")
+async def hold_child_lease(ctx: flowx.StepContext, order: Order) -> None:
+    """Another node takes the child's lease for 20 s (a release that never landed), then the
+    parent's step fails: its compensation finds the child busy, not failed."""
+    store = HELD["store"]
+    child_id = child_instance_id(ctx.instance_id, "", 1)
+    record = await store.journal.get(child_id)
+    lease = await store.leases.acquire(
+        child_id,
+        owner="elsewhere",
+        ttl=__import__("datetime").timedelta(seconds=20),
+        now=HELD["clock"].now(),
+        floor=record.fence,
+    )
+    assert lease is not None
+    raise flowx.NonRetryableError("card declined")
+
+
+HELD: dict[str, Any] = {}
+
+
+async def test_a_busy_child_is_waited_for_not_counted_as_a_failed_compensation(
+    host_factory: Any, clock: FakeClock
+) -> None:
+    child = (
+        flowx.flow("edge.busy-child", version="1", input=Order, state=OrderState)
+        .step(ship, into="s1", compensate=unship)
+        .build()
+    )
+    parent = (
+        flowx.flow("edge.busy-parent", version="1", input=Order, state=OrderState)
+        .sub_flow(child, lambda o, s: o)
+        .step(hold_child_lease)
+        .build()
+    )
+    host = await host_factory(parent)
+    HELD.update(store=host.store, clock=clock)
+    handle = await host.start(parent, Order(order_id="busy"))
+    with pytest.raises(flowx.FlowFailed) as failed:
+        await handle.result(timeout=10)
+    assert failed.value.state == "Failed"  # not CompensationFailed: the lease ran out, then undo
+    rows = await rows_of(host, handle.instance_id)
+    assert [r.outcome for r in rows if r.outcome is Outcome.COMPENSATION_FAILURE] == []
+    assert calls["unship"] == 1

@@ -360,8 +360,15 @@ async def test_a_deadline_passed_while_sleeping_times_out_and_compensates(
     assert failed.value.state == "TimedOut"
     assert failed.value.error["code"] == "flow.deadline_exceeded"
     assert calls["release"] == 1 and calls["chase"] == 0
-    outcomes = [r.outcome for r in await rows_of(host, handle.instance_id)]
-    assert outcomes == [Outcome.SUCCESS, Outcome.COMPENSATED]
+    rows = await rows_of(host, handle.instance_id)
+    # The deadline is journaled as the failure of the step it stopped (the sleep), so a
+    # compensation resumed after a crash finds why it began in the rows.
+    assert [(r.step_name, r.outcome) for r in rows] == [
+        ("wait.reserve", Outcome.SUCCESS),
+        ("too-long", Outcome.FAILURE),
+        ("wait.reserve", Outcome.COMPENSATED),
+    ]
+    assert flowx.codec.loads(rows[1].result)["code"] == "flow.deadline_exceeded"
     assert flowx.metrics.DEADLINE_EXCEEDED.get("wait.deadline") >= 1
 
 

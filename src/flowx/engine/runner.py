@@ -36,6 +36,7 @@ from flowx.engine.context import StepContext
 from flowx.errors import (
     CapabilityNotFound,
     FlowXError,
+    InputInvalid,
     NonDeterminismError,
     NonRetryableError,
     SerialisationError,
@@ -76,8 +77,20 @@ EVENT_NAMESPACE = uuid.UUID("6f1c3b8e-2b0a-4c57-9d3e-4e1f0c9a7d21")
 #: Child instance ids are derived from (parent, scope, step), so a parent re-executed after a
 #: crash finds the child it already started instead of starting a second one.
 CHILD_NAMESPACE = uuid.UUID("0c5e7a1d-93f4-4b2e-8d6a-5f1b2c3d4e70")
+#: The error code of a flow past its deadline (SPEC §8); its failure row ends it TimedOut.
+DEADLINE_EXCEEDED = "flow.deadline_exceeded"
 #: The event staged with a CompensationFailed transition: the alert, kept durably (SPEC §8).
 COMPENSATION_FAILED_EVENT = "flowx.compensation_failed"
+
+
+def _compensable(node: StepNode | SubFlowNode) -> bool:
+    """A step with a compensation, or a sub-flow whose child has something to undo."""
+    if isinstance(node, StepNode):
+        return node.compensate is not None
+    return node.plan is not None and any(
+        isinstance(n, SubFlowNode) or (isinstance(n, StepNode) and n.compensate is not None)
+        for n in walk(node.plan.body)
+    )
 
 
 def child_instance_id(parent_id: str, scope: str, step_id: int) -> str:
@@ -524,11 +537,19 @@ class Execution:
                 raise _Abort(str(exc)) from exc
 
     async def _suspend(
-        self, node: Node, scope: str, *, at: datetime | None, signal: str | None, child: str | None
+        self,
+        node: Node,
+        scope: str,
+        *,
+        at: datetime | None,
+        signal: str | None,
+        child: str | None,
+        clamp: bool = True,
     ) -> bool:
-        """Seal the instance at this wait; ``False`` if what it waits for is already there."""
+        """Seal the instance at this wait; ``False`` if what it waits for is already there.
+        The timer is armed at the deadline too, unless ``clamp`` is off."""
         assert self._waits is not None  # FLOWX1017: waits exist only in Durable flows
-        if self._deadline_at is not None:
+        if clamp and self._deadline_at is not None:
             at = self._deadline_at if at is None else min(at, self._deadline_at)
         wake = Wake(step_id=node.step_id, scope=scope, at=at, signal=signal)
         async with self._lock:
@@ -574,10 +595,7 @@ class Execution:
 
     def _forward(self, node: Node, scope: str) -> None:
         """About to run ``node`` anew: refused while compensating, or once a sibling failed."""
-        if self._compensating:
-            self._check_deadline(node, scope)
-            raise _Halted(node, scope)
-        if self._halted:
+        if self._compensating or self._halted:
             raise _Halted(node, scope)
 
     def _check_deadline(self, node: Node, scope: str) -> None:
@@ -601,15 +619,25 @@ class Execution:
             try:
                 await self._nodes(self.plan.body, "", None, has_item=False)
             except _StepFailed as failed:
-                return await self._fail(failed.node, failed.scope, failed.error)
+                timed_out = failed.error.get("code") == DEADLINE_EXCEEDED
+                return await self._fail(
+                    failed.node, failed.scope, failed.error, timed_out=timed_out
+                )
             except _DeadlineExceeded as late:
                 error = error_payload(
                     FlowXError(
                         f"{self.plan.ref} passed its deadline ({late.deadline.isoformat()}) "
                         f"before step {late.node.name!r}",
-                        code="flow.deadline_exceeded",
+                        code=DEADLINE_EXCEEDED,
                     ),
                     retryable=False,
+                )
+                # Journaled as that step's failure, so a resumed compensation finds why it
+                # began in the rows, never by asking the clock again.
+                key = (late.scope, late.node.step_id)
+                attempt = (self._attempts.get(key) or _Attempts()).last_attempt + 1
+                await self._write(
+                    key, self._row(late.node, None, late.scope, attempt, Outcome.FAILURE, error)
                 )
                 return await self._fail(late.node, late.scope, error, timed_out=True)
             except _Halted as halted:
@@ -663,7 +691,7 @@ class Execution:
         error = {**failure, "step": node.name, "scope": scope}
         outcome: RunOutcome = "timed_out" if timed_out else "failed"
         final = InstanceState.TIMED_OUT if timed_out else InstanceState.FAILED
-        if any(isinstance(d.node, SubFlowNode) or d.node.compensate for d in self.completed):
+        if any(_compensable(d.node) for d in self.completed):
             await self._transition(InstanceState.COMPENSATING)
             ended = await self._compensate(error)
             if ended is not None:
@@ -951,7 +979,7 @@ class Execution:
             await self._fail_node(
                 node,
                 scope,
-                1,
+                (a.last_attempt if a else 0) + 1,
                 f"for_each {node.name!r}: items= raised {type(exc).__name__}: {exc}",
                 "for_each.items_failed",
             )
@@ -961,7 +989,18 @@ class Execution:
             collected.append(await self._nodes(node.body, child, element, has_item=True))
         if node.into is not None:
             # Derived, not journaled: a replay computes the same list from the same rows.
-            self.state = self._applied(node.into, collected)
+            try:
+                self.state = self._applied(node.into, collected)
+            except ValidationError as exc:
+                self._forward(node, scope)
+                await self._fail_node(
+                    node,
+                    scope,
+                    (a.last_attempt if a else 0) + 1,
+                    f"for_each {node.name!r}: the collected results do not fit state field "
+                    f"{node.into!r}: {exc.errors()[0].get('msg')}",
+                    "for_each.result_invalid",
+                )
         return collected
 
     async def _fail_node(
@@ -1134,7 +1173,10 @@ class Execution:
                         f"valid: {exc}",
                         "sub_flow.input_invalid",
                     )
-                await self._waits.start_child(node, child_id, value, scope)
+                try:
+                    await self._waits.start_child(node, child_id, value, scope)
+                except InputInvalid as exc:  # the child's partition_key refused its input
+                    await self._fail_node(node, scope, attempt, str(exc), "sub_flow.input_invalid")
                 continue
             if child.state is InstanceState.COMPLETED:
                 # Recorded even past the deadline: the child's effects happened, and only a
@@ -1169,6 +1211,9 @@ class Execution:
                 self.executed += 1
                 return result
             if child.state.terminal:
+                # A child that ended badly past our deadline timed out with us (its deadline
+                # is capped at ours): the parent is TimedOut, not failed by its child.
+                self._check_deadline(node, scope)
                 await self._fail_node(
                     node,
                     scope,
@@ -1180,10 +1225,13 @@ class Execution:
                     child_state=child.state.value,
                     child_error=codec.loads(child.error) if child.error else None,
                 )
-            # Past the deadline with the child still going: the parent times out; the
-            # child's deadline is capped at the parent's, so it times out too.
-            self._check_deadline(node, scope)
-            await self._suspend(node, scope, at=None, signal=CHILD_WAIT, child=child_id)
+            # Past the deadline with the child still going, the parent waits on for it (with
+            # no timer: the child's deadline is capped at ours, so it ends soon): only its
+            # end says whether there are effects of its to undo with the rest.
+            late = self._deadline_at is not None and self.clock.now() >= self._deadline_at
+            await self._suspend(
+                node, scope, at=None, signal=CHILD_WAIT, child=child_id, clamp=not late
+            )
 
     async def _fork(self, node: ForkNode, scope: str, item: Any, has_item: bool) -> Any:
         """Branches run concurrently, each in a scope of its own, and join. A branch that
@@ -1231,6 +1279,8 @@ class Execution:
         for done in sorted(self.completed, key=lambda d: d.order, reverse=True):
             node = done.node
             comp: Capability | _ChildUndo
+            if not _compensable(node):
+                continue
             if isinstance(node, SubFlowNode):
                 assert self._waits is not None
                 child_id = child_instance_id(self.instance_id, done.scope, node.step_id)
@@ -1256,6 +1306,8 @@ class Execution:
                 started = time.monotonic()
                 try:
                     await comp.invoke(ctx, done.argument, self._executor)
+                except (FencedOut, LeaseLost) as exc:  # undoing a child: this run lost its lease
+                    raise _Abort(str(exc)) from exc
                 except Exception as exc:
                     failure = error_payload(exc)
                     failures.append(failure)

@@ -208,7 +208,20 @@ class _DurableWaits:
         )
 
     async def compensate_child(self, child_id: str) -> None:
-        await self._host._undo_child(child_id)
+        # A child whose lease is held (its own undo resumed on a peer, a release that did not
+        # land) is busy, not failed: wait for it without spending the compensation's budget,
+        # for as long as this run may still write.
+        delay = 0.2
+        while True:
+            try:
+                await self._host._undo_child(child_id)
+                return
+            except FlowXError as exc:
+                if exc.code != "sub_flow.child_busy":
+                    raise
+            self._lease.token  # noqa: B018 - raises LeaseLost once this run may not write
+            await self._host.clock.sleep(delay)
+            delay = min(delay * 2, 5.0)
 
 
 class _EphemeralCommitter:
@@ -624,7 +637,10 @@ class FlowHost:
         """Create a sub-flow's child instance (its id derived from the parent's step, so a
         re-executed parent finds it) and run it here if this node can."""
         now = self.clock.now()
-        tenant = plan.partition_key(value) if plan.partition_key is not None else None
+        try:
+            tenant = plan.partition_key(value) if plan.partition_key is not None else None
+        except Exception as exc:
+            raise InputInvalid(plan.flow_id, f"partition_key raised {exc!r}") from exc
         new = NewInstance(
             instance_id=instance_id,
             flow_id=plan.flow_id,

@@ -108,7 +108,7 @@ class TimerService:
 
         for verdict in await asyncio.gather(*(wake(c) for c in due)):
             counts[verdict] += 1
-        upcoming = await self._waits.next_wake()
+        upcoming = await self._waits.next_wake(flows=flows)
         return TimerSweep(
             due=len(due),
             woken=counts["resumed"],
@@ -130,6 +130,13 @@ class TimerService:
                 # A due row it could not take (not carried here, or lost to a peer that is
                 # about to run it) must not turn the loop hot: then it waits the full poll.
                 stuck = sweep.due > 0 and sweep.woken == 0
+                # And a wake in the past that the sweep did not return (taken meanwhile, or
+                # not ours) must not either.
+                stuck = stuck or (
+                    sweep.next_wake is not None
+                    and sweep.next_wake <= self._clock.now()
+                    and sweep.due == 0
+                )
                 if sweep.next_wake is not None and not stuck:
                     ahead = (sweep.next_wake - self._clock.now()).total_seconds()
                     delay = min(poll, max(ahead, 0.0))

@@ -202,8 +202,9 @@ class WaitStore(Protocol):
         never fill its page and starve the rest."""
         ...
 
-    async def next_wake(self) -> datetime | None:
-        """The earliest ``wake_at`` of any Suspended instance (same index)."""
+    async def next_wake(self, *, flows: Sequence[str] | None = None) -> datetime | None:
+        """The earliest ``wake_at`` of any Suspended instance (same index); with ``flows``,
+        of those flows only, as ``find_due``."""
         ...
 
     async def rearm(

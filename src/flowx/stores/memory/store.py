@@ -394,9 +394,15 @@ class MemoryWaits:
             for r in due[:limit]
         )
 
-    async def next_wake(self) -> datetime | None:
+    async def next_wake(self, *, flows: Sequence[str] | None = None) -> datetime | None:
+        carried = None if flows is None else set(flows)
         return min(
-            (r.wake_at for r in self._suspended_with_timer() if r.wake_at is not None),
+            (
+                r.wake_at
+                for r in self._suspended_with_timer()
+                if r.wake_at is not None
+                and (carried is None or f"{r.flow_id}@{r.flow_version}" in carried)
+            ),
             default=None,
         )
 

@@ -99,6 +99,12 @@ FIND_DUE_CARRIED: Final[LiteralString] = (
 )
 # flow_instance_wake_idx: min() over an index is its first entry.
 NEXT_WAKE: Final[LiteralString] = "SELECT min(wake_at) FROM flow_instance WHERE state = 'Suspended'"
+# The same for the flows a node carries: the wake index walked in order to the first carried
+# entry.
+NEXT_WAKE_CARRIED: Final[LiteralString] = (
+    "SELECT wake_at FROM flow_instance WHERE state = 'Suspended' AND wake_at IS NOT NULL "
+    "AND (flow_id || '@' || flow_version) = ANY (%s::text[]) ORDER BY wake_at LIMIT 1"
+)
 
 # A replay re-opens the instance; history is untouched. Primary key.
 REARM: Final[LiteralString] = (
@@ -197,9 +203,12 @@ class PostgresWaits:
             return await candidates(self._db, FIND_DUE, (now, limit))
         return await candidates(self._db, FIND_DUE_CARRIED, (now, list(flows), limit))
 
-    async def next_wake(self) -> datetime | None:
+    async def next_wake(self, *, flows: Sequence[str] | None = None) -> datetime | None:
         async with self._db.connection() as conn:
-            row = await (await conn.execute(NEXT_WAKE)).fetchone()
+            if flows is None:
+                row = await (await conn.execute(NEXT_WAKE)).fetchone()
+            else:
+                row = await (await conn.execute(NEXT_WAKE_CARRIED, (list(flows),))).fetchone()
         return row[0] if row is not None else None
 
     async def rearm(

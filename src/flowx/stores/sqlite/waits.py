@@ -82,6 +82,13 @@ FIND_DUE_CARRIED: Final = (
 )
 # flow_instance_wake_idx: min() over an index is its first entry.
 NEXT_WAKE: Final = "SELECT min(wake_at) FROM flow_instance WHERE state = 'Suspended'"
+# The same for the flows a node carries: the first carried entry of the wake index.
+NEXT_WAKE_CARRIED: Final = (
+    "SELECT wake_at FROM flow_instance INDEXED BY flow_instance_wake_idx "
+    "WHERE state = 'Suspended' AND wake_at IS NOT NULL "
+    "AND (flow_id || '@' || flow_version) IN (SELECT value FROM json_each(?)) "
+    "ORDER BY wake_at LIMIT 1"
+)
 
 # A replay re-opens the instance; history is untouched. Primary key.
 REARM: Final = (
@@ -197,9 +204,12 @@ class SqliteWaits:
 
         return await self._db.run(q)
 
-    async def next_wake(self) -> datetime | None:
+    async def next_wake(self, *, flows: Sequence[str] | None = None) -> datetime | None:
         def q(conn: sqlite3.Connection) -> datetime | None:
-            row = conn.execute(NEXT_WAKE).fetchone()
+            if flows is None:
+                row = conn.execute(NEXT_WAKE).fetchone()
+            else:
+                row = conn.execute(NEXT_WAKE_CARRIED, (json.dumps(list(flows)),)).fetchone()
             return from_text(row[0]) if row is not None and row[0] is not None else None
 
         return await self._db.run(q)
