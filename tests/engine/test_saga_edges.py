@@ -231,6 +231,8 @@ async def test_a_child_that_cannot_be_undone_fails_the_parents_compensation(
         "edge.unship@1.0.0",
         "sub_flow:edge.child2@1",
     ]
+    dry = await host.replay(handle.instance_id, "sub_flow:edge.child2", dry_run=True)
+    assert dry.reruns == ("undo sub_flow:edge.child2",)
 
 
 async def test_a_selector_that_raises_fails_the_flow_instead_of_leaving_it_running(

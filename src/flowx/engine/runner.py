@@ -83,7 +83,7 @@ DEADLINE_EXCEEDED = "flow.deadline_exceeded"
 COMPENSATION_FAILED_EVENT = "flowx.compensation_failed"
 
 
-def _compensable(node: StepNode | SubFlowNode) -> bool:
+def compensable(node: StepNode | SubFlowNode) -> bool:
     """A step with a compensation, or a sub-flow whose child has something to undo."""
     if isinstance(node, StepNode):
         return node.compensate is not None
@@ -691,7 +691,7 @@ class Execution:
         error = {**failure, "step": node.name, "scope": scope}
         outcome: RunOutcome = "timed_out" if timed_out else "failed"
         final = InstanceState.TIMED_OUT if timed_out else InstanceState.FAILED
-        if any(_compensable(d.node) for d in self.completed):
+        if any(compensable(d.node) for d in self.completed):
             await self._transition(InstanceState.COMPENSATING)
             ended = await self._compensate(error)
             if ended is not None:
@@ -1279,7 +1279,7 @@ class Execution:
         for done in sorted(self.completed, key=lambda d: d.order, reverse=True):
             node = done.node
             comp: Capability | _ChildUndo
-            if not _compensable(node):
+            if not compensable(node):
                 continue
             if isinstance(node, SubFlowNode):
                 assert self._waits is not None

@@ -18,8 +18,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from flowx.engine.runner import compensable
 from flowx.errors import FlowXError
-from flowx.plan.model import Plan, StepNode, walk
+from flowx.plan.model import Plan, StepNode, SubFlowNode, walk
 from flowx.stores.records import InstanceRecord, InstanceState, Outcome, StepRecord
 
 ReplayMode = Literal["compensation", "forward"]
@@ -69,8 +70,8 @@ def plan_replay(
             r
             for r in steps
             if r.outcome is Outcome.SUCCESS
-            and isinstance(node := names.get(r.step_id), StepNode)
-            and node.compensate is not None
+            and isinstance(node := names.get(r.step_id), StepNode | SubFlowNode)
+            and compensable(node)
             and (r.scope, r.step_id) not in undone
         ]
         done.sort(key=lambda r: r.sequence, reverse=True)
