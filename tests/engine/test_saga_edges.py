@@ -363,7 +363,10 @@ async def test_a_child_that_completes_after_its_parents_deadline_is_undone(
     GATE["ship"] = asyncio.Event()
     host = await host_factory(parent)
     handle = await host.start(parent, Order(order_id="late"))
-    while (await host.get(handle.instance_id)).state is not InstanceState.SUSPENDED:
+    # Sealed, and the run that sealed it gone (its lease released): then a sweep can take it.
+    while (
+        await host.get(handle.instance_id)
+    ).state is not InstanceState.SUSPENDED or handle.instance_id in host._tasks:
         await asyncio.sleep(0.01)
     clock.advance(hours=2)  # the child's step is still running past the shared deadline
     assert (await host.timers.run_once()).woken == 1
@@ -402,7 +405,8 @@ async def test_a_child_that_times_out_with_its_parent_leaves_the_parent_timed_ou
 
     async def both_suspended() -> bool:
         records = [await journal.get(i) for i in (child_id, handle.instance_id)]
-        return all(r is not None and r.state is InstanceState.SUSPENDED for r in records)
+        sealed = all(r is not None and r.state is InstanceState.SUSPENDED for r in records)
+        return sealed and not host._tasks
 
     while not await both_suspended():
         await asyncio.sleep(0.01)
