@@ -755,11 +755,22 @@ class Execution:
         """A committed result, applied as a live one is and kept for compensation."""
         value = codec.loads(row.result)
         self.state = self._applied(node.into, value)
-        self.completed.append(
-            _Done(node=node, scope=scope, argument=argument, result=value, order=self._order(row))
-        )
+        self._keep(node, scope, argument, value, row)
         self.replayed += 1
         return value
+
+    def _keep(
+        self,
+        node: StepNode | SubFlowNode,
+        scope: str,
+        argument: Any,
+        result: Any,
+        row: StepRecord | None = None,
+    ) -> None:
+        """Remember a finished step for compensation, in the order its effect happened."""
+        self.completed.append(
+            _Done(node=node, scope=scope, argument=argument, result=result, order=self._order(row))
+        )
 
     def _source(self, item: Any, has_item: bool) -> Any:
         """A selector's first argument: the flow input, or the element inside a for_each."""
@@ -880,15 +891,7 @@ class Execution:
                 state=InstanceState.COMPLETED if final else None,
             )
             self._completed = final
-            self.completed.append(
-                _Done(
-                    node=node,
-                    scope=scope,
-                    argument=argument,
-                    result=value,
-                    order=self._order(None),
-                )
-            )
+            self._keep(node, scope, argument, value)
             self.executed += 1
             return value
 
@@ -1199,15 +1202,7 @@ class Execution:
                     apply=(node.into, result),
                     state=InstanceState.RUNNING,
                 )
-                self.completed.append(
-                    _Done(
-                        node=node,
-                        scope=scope,
-                        argument=None,
-                        result=result,
-                        order=self._order(None),
-                    )
-                )
+                self._keep(node, scope, None, result)
                 self.executed += 1
                 return result
             if child.state.terminal:
