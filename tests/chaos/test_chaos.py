@@ -28,8 +28,10 @@ CI_ARMS = {
     "redis_restart": RigConfig(
         arm="redis_restart", flows=500, faults=2, redis_leases=True, work_ms=(150, 300)
     ),
-    # A long TTL, so "resumed within one TTL" can only come from the hand-back (R7.2).
-    "sigterm_drain": RigConfig(arm="sigterm_drain", flows=500, faults=2, ttl=20.0),
+    # A long TTL, so "resumed within one TTL" can only come from the hand-back (R7.2). A
+    # slower feed, so a SIGTERM always finds instances in flight to hand back: at full speed
+    # the 500 flows can all be done before the second one lands, leaving nothing to measure.
+    "sigterm_drain": RigConfig(arm="sigterm_drain", flows=500, faults=2, ttl=20.0, rate=40),
 }
 
 
