@@ -320,7 +320,7 @@ class FlowHost:
                 waits=store.waits,
                 settings=self.settings,
                 clock=self.clock,
-                wake=self._wake_candidate,
+                wake=lambda candidate: self._resume_candidate(candidate, False),
                 free_flow_slots=lambda: self.settings.max_concurrent_flows - len(self._tasks),
                 carried=lambda: [p.ref for p in self._plans.values()],
             )
@@ -664,9 +664,8 @@ class FlowHost:
             parent_step_id=node.step_id,
             codec_version=codec.CODEC_VERSION,
         )
-        stores = self._require_stores()
-        if await stores.journal.get(instance_id) is not None:
-            return
+        # The run just read that there is no such child; if one appeared meanwhile (another
+        # run of this parent), _launch finds it and starts nothing.
         await self._launch(plan, new, new.input, run_here=self._accepting, child=True)
 
     async def _launch(
@@ -960,13 +959,6 @@ class FlowHost:
                 return
             # Most often the run that woke it still holds the lease for a moment.
             await asyncio.sleep(0.05)
-
-    async def _wake_candidate(self, candidate: RecoveryCandidate) -> ResumeVerdict:
-        if not self.carries(candidate.flow_id, candidate.flow_version):
-            return "not_runnable"
-        if candidate.instance_id in self._tasks or not self._accepting:
-            return "lost_race"
-        return await self.resume(candidate.instance_id)
 
     # -- signals and replay ----------------------------------------------------------------
 
