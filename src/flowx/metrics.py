@@ -52,3 +52,34 @@ COMPENSATION_FAILED = _LabelledCounter(
 DEADLINE_EXCEEDED = _LabelledCounter(
     "flowx_deadline_exceeded", "Instances that passed their flow deadline", "flow"
 )
+
+
+class _LabelledGauge:
+    def __init__(self, name: str, documentation: str, label: str) -> None:
+        self.name = name
+        self._values: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self._exported: Any = None
+        if _prometheus is not None:
+            try:
+                self._exported = _prometheus.Gauge(name, documentation, [label])
+            except ValueError:  # already registered (a module reloaded in tests)
+                self._exported = None
+
+    def set(self, value: str, amount: float) -> None:
+        with self._lock:
+            self._values[value] = amount
+        if self._exported is not None:
+            self._exported.labels(value).set(amount)
+
+    def get(self, value: str) -> float | None:
+        with self._lock:
+            return self._values.get(value)
+
+
+#: How far ahead of this node's clock each store's clock is, in seconds (R9.2), by store.
+CLOCK_OFFSET = _LabelledGauge(
+    "flowx_clock_offset_seconds",
+    "Offset of a store's clock to this node's (positive: the store is ahead)",
+    "store",
+)

@@ -61,6 +61,9 @@ class _Unreachable:
     async def renew(self, *args: object, **kw: object) -> None:
         raise flowx.LeaseUnavailable("lease store unreachable")
 
+    async def renew_many(self, *args: object, **kw: object) -> None:
+        raise flowx.LeaseUnavailable("lease store unreachable")
+
     async def release(self, *args: object, **kw: object) -> None:
         raise flowx.LeaseUnavailable("lease store unreachable")
 

@@ -46,7 +46,7 @@ OUTBOX_CLAIM = (
 INSTANCES = 100_000
 HISTORIES, STEPS_EACH = 50, 100  # 5,000 step rows: ANALYZE reads them all, stable stats
 OUTBOX_INSTANCES, EVENTS_EACH = 500, 10
-IDLE_CUTOFF = T0 - timedelta(seconds=30)  # now - lease TTL
+TTL = timedelta(seconds=30)
 
 
 class Journal(NamedTuple):
@@ -237,7 +237,17 @@ def test_the_recovery_scan_reads_its_partial_index_without_sorting(
 ) -> None:
     """R3.4: the abandoned-instance page is a range scan of flow_instance_abandoned_idx (no
     top-N sort), from any offset."""
-    plan = explain(journal.schema, FIND_ABANDONED, (IDLE_CUTOFF, 100, offset), generic=generic)
+    plan = explain(journal.schema, FIND_ABANDONED, (T0, TTL, 100, offset), generic=generic)
+    assert_served_by(plan, "flow_instance_abandoned_idx")
+
+
+@PLANS
+def test_the_recovery_scan_on_the_servers_clock_reads_its_partial_index(
+    journal: Journal, generic: bool
+) -> None:
+    """R3.4, R9.2: as production sends it — the cutoff on the server's clock (every row due)
+    — the page is still a range scan of flow_instance_abandoned_idx, no sort."""
+    plan = explain(journal.schema, FIND_ABANDONED, (None, TTL, 100, 0), generic=generic)
     assert_served_by(plan, "flow_instance_abandoned_idx")
 
 

@@ -42,7 +42,10 @@ from flowx.errors import (
     NonRetryableError,
 )
 from flowx.hosting.alerts import AlertSink, LoggingAlertSink
-from flowx.hosting.lease import DurableLease
+from flowx.hosting.clock_offset import ClockWatch, JournalClock
+from flowx.hosting.clock_offset import check as check_clock_offsets
+from flowx.hosting.clock_offset import measure as measure_clock_offsets
+from flowx.hosting.lease import DurableLease, LeaseKeeper
 from flowx.hosting.recovery import RecoveryScanResult, RecoveryService, ResumeVerdict
 from flowx.hosting.replay import ReplayPlan, plan_replay
 from flowx.hosting.settings import HostSettings
@@ -57,12 +60,13 @@ from flowx.stores.errors import (
     LeaseUnavailable,
     UnknownInstance,
 )
-from flowx.stores.protocols import LeasedCreate, Stores
+from flowx.stores.protocols import LeasedCreate, RoundTripBound, Stores
 from flowx.stores.records import (
     CreateResult,
     EventWrite,
     InstanceRecord,
     InstanceState,
+    Lease,
     NewInstance,
     Outcome,
     RecoveryCandidate,
@@ -76,6 +80,8 @@ from flowx.stores.records import (
 )
 
 log = logging.getLogger("flowx.host")
+#: Seconds between two measurements of this node's clock offset to its stores (R9.2).
+_CLOCK_CHECK_EVERY = 60.0
 
 #: Instance ids from idempotency keys are derived, so two racing starts contend for one lease.
 INSTANCE_NAMESPACE = uuid.UUID("b3c1f0d2-8a4e-4f6b-9c2d-1e7a5b9f3c40")
@@ -151,19 +157,21 @@ class _DurableCommitter:
         notify_parent: bool = False,
     ) -> None:
         journal = self._host._require_stores().journal
-        await journal.commit(
-            StepCommit(
-                instance_id=self._instance_id,
-                token=self._lease.token,  # raises LeaseLost once the lease is not live
-                now=self._host.clock.now(),
-                step=step,
-                state_bag=state_bag,
-                state=state,
-                error=error,
-                events=events,
-                notify_parent=notify_parent,
-            )
+        commit = StepCommit(
+            instance_id=self._instance_id,
+            # The token this run holds, live or not: a finished step's effect is done, and
+            # the journal's fence, not this node's view of its lease, decides (R2.4).
+            token=self._lease.fence_token,
+            now=self._host.clock.store_time(),
+            step=step,
+            state_bag=state_bag,
+            state=state,
+            error=error,
+            events=events,
+            notify_parent=notify_parent,
         )
+        with self._lease.writing():
+            await journal.commit(commit)
         if events and self._host.outbox is not None:
             self._host.outbox.wake()
 
@@ -184,17 +192,17 @@ class _DurableWaits:
         self, wake: Wake, *, state_bag: str, consumed: tuple[int, ...], child: str | None
     ) -> bool:
         waits = self._host._require_stores().waits
-        return await waits.suspend(
-            SuspendCommit(
-                instance_id=self._record.instance_id,
-                token=self._lease.token,
-                now=self._host.clock.now(),
-                wake=wake,
-                state_bag=state_bag,
-                consumed=consumed,
-                child=child,
-            )
+        commit = SuspendCommit(
+            instance_id=self._record.instance_id,
+            token=self._lease.fence_token,  # the journal's fence decides (R2.4)
+            now=self._host.clock.now(),
+            wake=wake,
+            state_bag=state_bag,
+            consumed=consumed,
+            child=child,
         )
+        with self._lease.writing():
+            return await waits.suspend(commit)
 
     async def child(self, instance_id: str) -> InstanceRecord | None:
         return await self._host._require_stores().journal.get(instance_id)
@@ -289,6 +297,11 @@ class FlowHost:
         self._store_ready = False
         self._connected = asyncio.Event()
         self._threads: ThreadPoolExecutor | None = None
+        #: Renews every lease this node holds, in one store call per interval (R9.1).
+        self._keeper: LeaseKeeper | None = None
+        #: This node's clock moved to the journal's, for scheduling sweeps (R9.2).
+        self.journal_clock = JournalClock(self.clock)
+        self._clock_task: asyncio.Task[None] | None = None
         #: The outbox publisher loop, when the host was given a broker (SPEC §5).
         self.outbox: OutboxPublisher | None = None
         self._outbox_task: asyncio.Task[None] | None = None
@@ -306,7 +319,7 @@ class FlowHost:
             RecoveryService(
                 index=store.recovery,
                 settings=self.settings,
-                clock=self.clock,
+                clock=self.journal_clock,
                 in_flight=lambda: len(self._recovering),
                 resume=self._resume_candidate,
                 free_flow_slots=lambda: self.settings.max_concurrent_flows - len(self._tasks),
@@ -413,7 +426,16 @@ class FlowHost:
 
     async def _connect(self) -> None:
         assert self.store is not None
+        if isinstance(self.store, RoundTripBound):
+            self.store.bound_round_trips(self.settings.round_trip_timeout)
         await self.store.open()
+        if self.clock.store_time() is None:  # a test clock pins store time: nothing to measure
+            try:
+                await self._check_clock(self.store)
+            except BaseException:
+                await self.store.close()
+                raise
+        self._keep_leases(self.store)
         self._store_ready = True
         self._connected.set()
         if self._run_recovery and self.recovery is not None:
@@ -437,6 +459,24 @@ class FlowHost:
             self._outbox_stop = asyncio.Event()
             self._outbox_task = asyncio.get_running_loop().create_task(
                 self.outbox.run(self._outbox_stop), name="flowx-outbox"
+            )
+
+    async def _check_clock(self, store: Stores) -> None:
+        """R9.2: refuse to start this far off the stores' clocks; then watch the offset."""
+        limit = self.settings.clock_offset_limit
+        offsets = await measure_clock_offsets(store, self.clock)
+        check_clock_offsets(offsets, limit)
+        self.journal_clock.learn(offsets)
+        if offsets and self._clock_task is None:
+            watch = ClockWatch(
+                store,
+                self.clock,
+                limit=limit,
+                every=_CLOCK_CHECK_EVERY,
+                on_measured=self.journal_clock.learn,
+            )
+            self._clock_task = asyncio.get_running_loop().create_task(
+                watch.run_forever(self._stop), name="flowx-clock-watch"
             )
 
     async def _reconnect(self) -> None:
@@ -527,6 +567,12 @@ class FlowHost:
                 await self.outbox.publisher.close()
             except Exception:
                 log.exception("drain: closing the publisher %s failed", self.outbox.publisher.name)
+        await _stop_service(self._clock_task, 0, "the clock watch")
+        self._clock_task = None
+        if self._keeper is not None:
+            # Every run has released its lease by now (each in its own ``finally``).
+            await self._keeper.stop()
+            self._keeper = None
         if self.store is not None and self._store_ready:
             await self.store.close()
         self._store_ready = False
@@ -686,9 +732,13 @@ class FlowHost:
         created: CreateResult | None = None
         if isinstance(stores, LeasedCreate):
             # Lease first (R3.3), in the same write as the instance row.
-            lease, created = await stores.create_leased(new, owner=self.node_id, ttl=ttl, now=now)
+            lease, created = await stores.create_leased(
+                new, owner=self.node_id, ttl=ttl, now=self.clock.store_time()
+            )
         else:
-            lease = await stores.leases.acquire(instance_id, owner=self.node_id, ttl=ttl, now=now)
+            lease = await stores.leases.acquire(
+                instance_id, owner=self.node_id, ttl=ttl, now=self.clock.store_time()
+            )
         if lease is None:
             # Another start with the same key holds the lease: its row is a moment away.
             for _ in range(50):
@@ -702,14 +752,7 @@ class FlowHost:
                 f"a concurrent start of {plan.flow_id} with key {idempotency_key!r} holds the "
                 "lease but has not written the instance; retry"
             )
-        durable = DurableLease(
-            stores.leases,
-            lease,
-            ttl=ttl,
-            renew_every=self.settings.renewal_interval,
-            clock=self.clock,
-            acquired_at_monotonic=sent,
-        )
+        durable = self._hold(stores, lease, sent)
         if created is None:
             try:
                 created = await stores.journal.create(new, token=lease.token, now=now)
@@ -879,7 +922,9 @@ class FlowHost:
             )
         durable.start()
         try:
-            history = await stores.journal.open(child_id, token=durable.token, now=self.clock.now())
+            history = await stores.journal.open(
+                child_id, token=durable.token, now=self.clock.store_time()
+            )
             child = history.instance
             execution = Execution(
                 plan=plan,
@@ -1078,7 +1123,7 @@ class FlowHost:
             )
         try:
             current = await stores.journal.open(
-                instance_id, token=durable.token, now=self.clock.now()
+                instance_id, token=durable.token, now=self.clock.store_time()
             )
             if current.instance.state is not record.state:
                 raise FlowXError(
@@ -1128,7 +1173,7 @@ class FlowHost:
             return "lost_race"
         try:
             history = await stores.journal.open(
-                instance_id, token=durable.token, now=self.clock.now()
+                instance_id, token=durable.token, now=self.clock.store_time()
             )
         except (FencedOut, UnknownInstance):
             await durable.release()
@@ -1151,18 +1196,33 @@ class FlowHost:
             record.instance_id,
             owner=self.node_id,
             ttl=ttl,
-            now=self.clock.now(),
+            now=self.clock.store_time(),
             floor=record.fence,
         )
         if lease is None:
             return None
+        return self._hold(stores, lease, sent)
+
+    def _keep_leases(self, stores: Stores) -> LeaseKeeper:
+        if self._keeper is None:
+            self._keeper = LeaseKeeper(
+                stores.leases,
+                ttl=self.settings.lease_ttl,
+                renew_every=self.settings.renewal_interval,
+                clock=self.clock,
+            ).start()
+        return self._keeper
+
+    def _hold(self, stores: Stores, lease: Lease, sent: float) -> DurableLease:
+        """A granted lease, renewed from now on with every other lease of this node."""
         return DurableLease(
             stores.leases,
             lease,
-            ttl=ttl,
+            ttl=self.settings.lease_ttl,
             renew_every=self.settings.renewal_interval,
             clock=self.clock,
             acquired_at_monotonic=sent,
+            keeper=self._keep_leases(stores),
         )
 
     async def recover_once(self) -> RecoveryScanResult:

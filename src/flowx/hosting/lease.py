@@ -1,10 +1,24 @@
-"""``DurableLease``: a lease that renews itself and fails closed.
+"""``DurableLease`` and ``LeaseKeeper``: leases that renew themselves and fail closed.
 
-Its token is reachable only while the lease is live (R3.2): after a renewal is refused, or
-when no renewal has been confirmed for long enough, reading ``token`` raises ``LeaseLost`` — so
-no write can carry a token this node no longer holds. Liveness is judged on the monotonic
-clock from the moment a renewal was *sent*, less a third of the TTL, which is the clock skew
-between nodes the design tolerates.
+A lease's token is reachable for *starting work* only while the lease is live (R3.2): after a
+renewal is refused, or when no renewal has been confirmed for long enough, reading ``token``
+raises ``LeaseLost``, so no capability starts under a lease this node may no longer hold
+(R3.5). Liveness is judged on the monotonic clock from the moment a renewal was *sent*, less a
+third of the TTL, the clock skew between nodes the design tolerates.
+
+A *write* is different: it carries ``fence_token`` and the journal decides (R2.4). A step whose
+capability finished while the lease store could not be reached has done its effect; no other
+node can have raised the fence without taking the lease, so refusing the commit locally would
+only re-run the effect later for nothing.
+
+Every lease this node holds is renewed by one ``LeaseKeeper`` in one store call per interval
+(``LeaseStore.renew_many``), on a connection of the store's own where it has one: renewals
+never queue behind step commits for a pooled connection, and a slow disk costs one write per
+interval, not one per lease (R9.1).
+
+A lease whose instance has had a journal write outstanding for longer than the renewal
+interval is *not* renewed: the node cannot make progress on it, so it lets the lease run out
+and another node takes the instance over within about one TTL instead of never (R9.1).
 """
 
 from __future__ import annotations
@@ -13,6 +27,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 
 from flowx.clock import Clock
@@ -25,7 +40,10 @@ log = logging.getLogger("flowx.lease")
 
 
 class DurableLease:
-    """Hold ``lease`` until ``release()``; renew every ``renew_every``."""
+    """Hold ``lease`` until ``release()``; a ``LeaseKeeper`` renews it every ``renew_every``.
+
+    Built without a keeper, it gets one of its own (tools and tests holding a single lease).
+    """
 
     def __init__(
         self,
@@ -36,22 +54,30 @@ class DurableLease:
         renew_every: timedelta,
         clock: Clock,
         acquired_at_monotonic: float | None = None,
+        keeper: LeaseKeeper | None = None,
     ) -> None:
         self._store = store
         self._lease = lease
         self._ttl = ttl
-        self._renew_every = renew_every.total_seconds()
-        self._clock = clock
         self._margin = ttl.total_seconds() * 2 / 3
         start = acquired_at_monotonic if acquired_at_monotonic is not None else time.monotonic()
         self._live_until = start + self._margin
         self._lost: str | None = None
         self._released = False
-        self._task: asyncio.Task[None] | None = None
+        self._keeper = keeper or LeaseKeeper(store, ttl=ttl, renew_every=renew_every, clock=clock)
+        self._owns_keeper = keeper is None
+        #: Monotonic send times of the journal writes under way under this lease.
+        self._writes: dict[int, float] = {}
+        self._next_write = 0
 
     @property
     def instance_id(self) -> str:
         return self._lease.instance_id
+
+    @property
+    def lease(self) -> Lease:
+        """The lease as last granted or renewed."""
+        return self._lease
 
     @property
     def live(self) -> bool:
@@ -59,7 +85,7 @@ class DurableLease:
 
     @property
     def token(self) -> int:
-        """The fencing token, or ``LeaseLost`` if this node may no longer write."""
+        """The fencing token, or ``LeaseLost`` if this node may no longer start work."""
         if self._released:
             raise LeaseLost(self._lease.instance_id, self._lease.token, "it was released")
         if self._lost is not None:
@@ -69,46 +95,158 @@ class DurableLease:
             raise LeaseLost(self._lease.instance_id, self._lease.token, self._lost)
         return self._lease.token
 
+    @property
+    def fence_token(self) -> int:
+        """The token a write made under this lease carries; the journal's fence decides
+        whether it still counts (R2.4). Refused only once the lease was released here."""
+        if self._released:
+            raise LeaseLost(self._lease.instance_id, self._lease.token, "it was released")
+        return self._lease.token
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[None]:
+        """Mark a journal write under way: one outstanding for longer than the renewal
+        interval stops this lease's renewals (see ``stalled``)."""
+        key = self._next_write
+        self._next_write += 1
+        self._writes[key] = time.monotonic()
+        try:
+            yield
+        finally:
+            del self._writes[key]
+
+    def stalled(self, now_monotonic: float, limit: float) -> bool:
+        """A journal write has been outstanding for more than ``limit`` seconds."""
+        return any(now_monotonic - sent > limit for sent in self._writes.values())
+
     def start(self) -> DurableLease:
-        self._task = asyncio.get_running_loop().create_task(
-            self._renew_loop(), name=f"flowx-lease-{self._lease.instance_id}"
-        )
+        self._keeper.keep(self)
+        if self._owns_keeper:
+            self._keeper.start()
         return self
 
-    async def _renew_loop(self) -> None:
-        while not self._released and self._lost is None:
-            await asyncio.sleep(self._renew_every)
-            sent = time.monotonic()
-            try:
-                self._lease = await self._store.renew(
-                    self._lease, ttl=self._ttl, now=self._clock.now()
-                )
-                self._live_until = sent + self._margin
-            except LeaseLost as exc:
-                self._lost = exc.reason
-                log.warning("lease on %s lost: %s", self._lease.instance_id, exc.reason)
-                return
-            except FlowXError as exc:
-                # Unanswered is not refused: keep trying until the lease runs out locally.
-                log.warning("lease on %s not renewed (%s); retrying", self._lease.instance_id, exc)
-                if time.monotonic() >= self._live_until:
-                    self._lost = f"renewal failed until the lease ran out: {exc}"
-                    return
+    def _renewed(self, lease: Lease, sent: float) -> None:
+        self._lease = lease
+        self._live_until = sent + self._margin
+
+    def _refused(self, reason: str) -> None:
+        if self._lost is None:
+            self._lost = reason
+            log.warning("lease on %s lost: %s", self._lease.instance_id, reason)
+
+    def _expired_locally(self, now_monotonic: float, why: str) -> bool:
+        if now_monotonic >= self._live_until and self._lost is None:
+            self._lost = why
+            return True
+        return False
 
     async def release(self) -> None:
         """Stop renewing and hand the lease back. Idempotent; never raises."""
         if self._released:
             return
         self._released = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        self._keeper.drop(self)
+        if self._owns_keeper:
+            await self._keeper.stop()
         if self._lost is None:
             try:
-                await self._store.release(self._lease, now=self._clock.now())
+                await self._store.release(self._lease, now=self._keeper.clock.store_time())
             except FlowXError as exc:
                 # The lease expires by itself; recovery then waits one TTL. Nothing is unsafe.
                 log.warning(
                     "lease on %s not released (%s); it will expire", self._lease.instance_id, exc
                 )
+
+
+class LeaseKeeper:
+    """Renews every lease of a node, all in one ``renew_many`` call per interval."""
+
+    def __init__(
+        self, store: LeaseStore, *, ttl: timedelta, renew_every: timedelta, clock: Clock
+    ) -> None:
+        self._store = store
+        self._ttl = ttl
+        self._every = renew_every.total_seconds()
+        self.clock = clock
+        self._held: dict[int, DurableLease] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
+        #: Renewal rounds sent, and leases left unrenewed because a write had stalled.
+        self.rounds = 0
+        self.withheld = 0
+
+    def keep(self, lease: DurableLease) -> None:
+        self._held[id(lease)] = lease
+
+    def drop(self, lease: DurableLease) -> None:
+        self._held.pop(id(lease), None)
+
+    @property
+    def held(self) -> int:
+        return len(self._held)
+
+    def start(self) -> LeaseKeeper:
+        if self._task is None:
+            self._stop.clear()
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name="flowx-lease-keeper"
+            )
+        return self
+
+    async def stop(self) -> None:
+        self._stop.set()
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _run(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._every):  # no extra task
+                    await self._stop.wait()
+            if self._stop.is_set():
+                return
+            await self.renew_once()
+
+    async def renew_once(self) -> int:
+        """One renewal round; returns how many leases it renewed."""
+        sent = time.monotonic()
+        due: list[DurableLease] = []
+        for held in list(self._held.values()):
+            if not held.live:
+                continue
+            if held.stalled(sent, self._every):
+                # R9.1: the instance cannot make progress here; let the lease run out.
+                self.withheld += 1
+                log.warning(
+                    "lease on %s not renewed: a journal write has had no answer for over %.1fs",
+                    held.instance_id,
+                    self._every,
+                )
+                continue
+            due.append(held)
+        if not due:
+            return 0
+        self.rounds += 1
+        try:
+            renewed = await self._store.renew_many(
+                [d.lease for d in due], ttl=self._ttl, now=self.clock.store_time()
+            )
+        except FlowXError as exc:
+            # Unanswered is not refused: keep trying until each lease runs out locally.
+            now = time.monotonic()
+            for held in due:
+                if held._expired_locally(now, f"renewal failed until the lease ran out: {exc}"):
+                    log.warning("lease on %s lost: %s", held.instance_id, held._lost)
+            log.warning("%d lease(s) not renewed (%s); retrying", len(due), exc)
+            return 0
+        count = 0
+        for held, lease in zip(due, renewed, strict=True):
+            if lease is None:
+                held._refused("it expired or a newer lease was issued")
+            elif held._lost is None and not held._released:
+                held._renewed(lease, sent)
+                count += 1
+        return count

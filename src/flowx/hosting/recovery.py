@@ -112,7 +112,10 @@ class RecoveryService:
         return s.recovery_scan_interval * (1 + s.recovery_scan_jitter)
 
     async def run_once(self) -> RecoveryScanResult:
+        # Which rows are due is the store's call, on its own clock (R9.2); ``now`` is this
+        # node's estimate of that clock, used only to schedule the next sweep.
         now = self._clock.now()
+        at = self._clock.store_time()
         ttl = self._settings.lease_ttl
         free = self._settings.max_concurrent_recoveries - self._in_flight()
         counts = {"resumed": 0, "lost_race": 0, "not_runnable": 0, "gone": 0}
@@ -122,13 +125,13 @@ class RecoveryService:
         upcoming = 0
         if free > 0:
             limit = min(free, self._settings.recovery_scan_batch_size)
-            due = await self._abandoned(now, ttl, limit)
+            due = await self._abandoned(at, ttl, limit)
             taken = {c.instance_id for c in due}
             if len(due) < limit:
                 # Every due row is in this page, so the next row past them is the first that
                 # falls due: wake for it rather than a whole interval later.
                 ahead = await self._index.find_abandoned(
-                    now=now, idle_for=ttl - self.lookahead, limit=1, offset=len(due)
+                    now=at, idle_for=ttl - self.lookahead, limit=1, offset=len(due)
                 )
                 for c in ahead:
                     eligible = c.updated_at + ttl
@@ -177,7 +180,7 @@ class RecoveryService:
         return min(batch, self._free_flow_slots())
 
     async def _abandoned(
-        self, now: datetime, idle: timedelta, limit: int
+        self, now: datetime | None, idle: timedelta, limit: int
     ) -> list[RecoveryCandidate]:
         offset = self._rng.randrange(limit)
         page = list(

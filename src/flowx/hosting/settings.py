@@ -23,6 +23,7 @@ _DURATIONS = (
     "recovery_scan_interval",
     "shutdown_drain_timeout",
     "timer_poll_interval",
+    "max_clock_offset",
 )
 
 
@@ -51,6 +52,9 @@ class HostSettings(BaseModel):
     #: on another node is noticed.
     timer_poll_interval: timedelta = timedelta(seconds=1)
     timer_batch_size: int = 100
+    #: The furthest this node's clock may be from a store's before it refuses to start
+    #: (R9.2); ``None`` means a third of the TTL, the skew the design tolerates (SPEC §8).
+    max_clock_offset: timedelta | None = None
 
     @field_validator(*_DURATIONS, mode="before")
     @classmethod
@@ -95,6 +99,16 @@ class HostSettings(BaseModel):
     @property
     def renewal_interval(self) -> timedelta:
         return self.lease_renewal_interval or self.lease_ttl / 3
+
+    @property
+    def clock_offset_limit(self) -> timedelta:
+        return self.max_clock_offset if self.max_clock_offset is not None else self.lease_ttl / 3
+
+    @property
+    def round_trip_timeout(self) -> float:
+        """No store round trip waits longer than a third of the TTL (R9.1): by then the
+        lease this node writes under is half spent."""
+        return self.lease_ttl.total_seconds() / 3
 
     @classmethod
     def load(cls, **overrides: Any) -> HostSettings:

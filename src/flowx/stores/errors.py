@@ -60,6 +60,16 @@ class JournalUnavailable(StoreError):
     http_status = 503
 
 
+class JournalNoAnswer(JournalUnavailable):
+    """A round trip to the journal got no answer within its deadline (R9.1).
+
+    The connection was discarded. A write's outcome is unknown: recovery re-reads the
+    instance before anything re-runs, and the fence refuses the write if it lands late.
+    """
+
+    code = "store.journal_no_answer"
+
+
 class LeaseUnavailable(StoreError):
     """The lease store cannot be reached. Retryable; no new durable work starts meanwhile."""
 

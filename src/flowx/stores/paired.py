@@ -9,6 +9,7 @@ never a write past a fence. Because the two are separate, the pair does not offe
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Protocol
 
 from flowx.stores.protocols import (
@@ -18,6 +19,8 @@ from flowx.stores.protocols import (
     LeaseStore,
     OutboxStore,
     RecoveryIndex,
+    RoundTripBound,
+    StoreClock,
     Stores,
     WaitStore,
 )
@@ -84,6 +87,19 @@ class PairedStores:
 
     def describe(self) -> str:
         return f"{self._base.describe()}; {self._leases.describe()}"
+
+    def bound_round_trips(self, seconds: float) -> None:
+        for part in (self._base, self._leases):
+            if isinstance(part, RoundTripBound):
+                part.bound_round_trips(seconds)
+
+    async def store_clock(self) -> list[tuple[str, datetime]]:
+        """The journal's clock (recovery, ``updated_at``) and the lease store's (expiry)."""
+        clocks: list[tuple[str, datetime]] = []
+        for part in (self._base, self._leases):
+            if isinstance(part, StoreClock):
+                clocks.extend(await part.store_clock())
+        return clocks
 
     async def schema_version(self) -> int | None:
         return await self._base.schema_version()

@@ -4,7 +4,11 @@ The engine and the host speak only these. A backend (memory, SQLite, PostgreSQL,
 implements the roles it can serve and is held to ``flowx.testing.conformance``; a change to a
 protocol extends that suite in the same commit.
 
-Every time-dependent method takes ``now``: time is a parameter, so tests can move it.
+Every time-dependent method takes ``now``: time is a parameter, so tests can move it. Where
+leases and recovery are concerned (``acquire``, ``renew``, ``release``, ``open``, a commit's
+``updated_at``, ``find_abandoned``) ``now=None`` means *the store's own clock*: that is what
+production passes, so a node whose clock is off neither takes live work from its owner nor is
+starved, and a dead node is recovered one TTL after its last write (R9.2).
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ class FlowJournal(Protocol):
         """
         ...
 
-    async def open(self, instance_id: str, *, token: int, now: datetime) -> History:
+    async def open(self, instance_id: str, *, token: int, now: datetime | None) -> History:
         """Take over an instance: raise its fence to ``token`` and read its history.
 
         One transaction: the fence rises before anything is read, so a zombie holding an older
@@ -112,7 +116,13 @@ class LeaseStore(Protocol):
     """
 
     async def acquire(
-        self, instance_id: str, *, owner: str, ttl: timedelta, now: datetime, floor: int = 0
+        self,
+        instance_id: str,
+        *,
+        owner: str,
+        ttl: timedelta,
+        now: datetime | None,
+        floor: int = 0,
     ) -> Lease | None:
         """Grant the lease if it is free or expired, with a token above every token issued
         for this instance before *and* above ``floor``; ``None`` if another owner holds it.
@@ -123,12 +133,20 @@ class LeaseStore(Protocol):
         """
         ...
 
-    async def renew(self, lease: Lease, *, ttl: timedelta, now: datetime) -> Lease:
+    async def renew(self, lease: Lease, *, ttl: timedelta, now: datetime | None) -> Lease:
         """Extend a live lease; raise ``LeaseLost`` if its token is no longer current or it
         has expired."""
         ...
 
-    async def release(self, lease: Lease, *, now: datetime) -> None:
+    async def renew_many(
+        self, leases: Sequence[Lease], *, ttl: timedelta, now: datetime | None
+    ) -> Sequence[Lease | None]:
+        """Extend every live lease in one round trip; ``None`` in the place of each one whose
+        token is no longer current or that has expired. A node renews all its leases with
+        this, once per interval, so renewals cost one write however many it holds (R9.1)."""
+        ...
+
+    async def release(self, lease: Lease, *, now: datetime | None) -> None:
         """End the lease now if ``lease.token`` is still current. Idempotent; never deletes."""
         ...
 
@@ -146,7 +164,7 @@ class RecoveryIndex(Protocol):
     """
 
     async def find_abandoned(
-        self, *, now: datetime, idle_for: timedelta, limit: int, offset: int = 0
+        self, *, now: datetime | None, idle_for: timedelta, limit: int, offset: int = 0
     ) -> Sequence[RecoveryCandidate]:
         """One bounded page of instances nothing has written to since ``now - idle_for``,
         oldest first, skipping ``offset`` rows: ``Pending``, ``Running`` or ``Compensating``.
@@ -218,6 +236,27 @@ class WaitStore(Protocol):
 
 
 @runtime_checkable
+class StoreClock(Protocol):
+    """**Protocol:** a store that keeps time of its own (a server), so a node can measure its
+    offset to it. A node too far off refuses to start (R9.2); stores in this process
+    (memory, SQLite) share the node's clock and do not implement it."""
+
+    async def store_clock(self) -> list[tuple[str, datetime]]:
+        """Each clock this store decides lease or recovery time with, as ``(what, now)``."""
+        ...
+
+
+@runtime_checkable
+class RoundTripBound(Protocol):
+    """**Protocol:** a store reached over a network, whose round trips a host bounds to a
+    fraction of its lease TTL before opening it (R9.1)."""
+
+    def bound_round_trips(self, seconds: float) -> None:
+        """No round trip (or block of them) waits for an answer longer than ``seconds``."""
+        ...
+
+
+@runtime_checkable
 class LeasedCreate(Protocol):
     """**Protocol (optional):** a backend that keeps journal and leases in one database can
     take a new instance's lease and create the instance in one write — one round trip (one
@@ -225,7 +264,7 @@ class LeasedCreate(Protocol):
     """
 
     async def create_leased(
-        self, instance: NewInstance, *, owner: str, ttl: timedelta, now: datetime
+        self, instance: NewInstance, *, owner: str, ttl: timedelta, now: datetime | None
     ) -> tuple[Lease | None, CreateResult | None]:
         """``(None, None)`` if another owner holds the instance's lease (nothing written).
         Otherwise the granted lease and the outcome of ``FlowJournal.create`` under its token;

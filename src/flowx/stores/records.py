@@ -172,7 +172,9 @@ class StepCommit:
 
     instance_id: str
     token: int
-    now: datetime
+    #: ``None``: the store stamps ``updated_at`` and ``committed_at`` with its own clock,
+    #: which is what the recovery scan compares them with (R9.2).
+    now: datetime | None
     step: StepWrite | None = None
     state_bag: str | None = None
     state: InstanceState | None = None

@@ -17,6 +17,10 @@ class FakeClock:
     def now(self) -> datetime:
         return self._now
 
+    def store_time(self) -> datetime:
+        """Stores follow this clock too, so a test moves lease expiry and recovery with it."""
+        return self._now
+
     def advance(self, delta: timedelta | None = None, **kwargs: float) -> datetime:
         """Move time on: ``advance(days=2)`` or ``advance(timedelta(seconds=5))``."""
         self._now += delta if delta is not None else timedelta(**kwargs)

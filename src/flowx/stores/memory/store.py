@@ -11,6 +11,7 @@ import dataclasses
 from collections.abc import AsyncIterator, Sequence
 from datetime import datetime, timedelta
 
+from flowx.clock import or_process_now
 from flowx.stores.errors import (
     DuplicateStep,
     FencedOut,
@@ -104,7 +105,8 @@ class MemoryJournal:
             raise UnknownInstance(instance_id)
         return record
 
-    async def open(self, instance_id: str, *, token: int, now: datetime) -> History:
+    async def open(self, instance_id: str, *, token: int, now: datetime | None) -> History:
+        now = or_process_now(now)
         record = self._instance(instance_id)
         if token < record.fence:
             raise FencedOut(instance_id, token, record.fence)
@@ -119,6 +121,7 @@ class MemoryJournal:
     async def commit(self, commit: StepCommit) -> int | None:
         d = self._d
         record = self._instance(commit.instance_id)
+        now = or_process_now(commit.now)
         if commit.token < record.fence:
             raise FencedOut(commit.instance_id, commit.token, record.fence)
         sequence: int | None = None
@@ -129,14 +132,14 @@ class MemoryJournal:
                 raise DuplicateStep(*key)
             sequence = record.next_sequence
         # Validation done: from here on nothing can fail, so the commit is all-or-nothing.
-        changes: dict[str, object] = {"updated_at": commit.now}
+        changes: dict[str, object] = {"updated_at": now}
         if step is not None and sequence is not None:
             d.step_keys.add((commit.instance_id, step.scope, step.step_id, step.attempt))
             d.steps[commit.instance_id].append(
                 StepRecord(
                     instance_id=commit.instance_id,
                     sequence=sequence,
-                    committed_at=commit.now,
+                    committed_at=now,
                     **{f.name: getattr(step, f.name) for f in dataclasses.fields(step)},
                 )
             )
@@ -156,7 +159,7 @@ class MemoryJournal:
                         partition_key=event.partition_key,
                         payload=event.payload,
                         published_at=None,
-                        staged_at=commit.now,
+                        staged_at=now,
                     )
                 )
         if commit.state_bag is not None:
@@ -170,7 +173,7 @@ class MemoryJournal:
         record = dataclasses.replace(record, **changes)  # type: ignore[arg-type]
         d.instances[commit.instance_id] = record
         if commit.notify_parent:
-            self._wake_parent(record, commit.now)
+            self._wake_parent(record, now)
         return sequence
 
     def _wake_parent(self, child: InstanceRecord, now: datetime) -> None:
@@ -212,8 +215,15 @@ class MemoryLeaseStore:
         self._d = data
 
     async def acquire(
-        self, instance_id: str, *, owner: str, ttl: timedelta, now: datetime, floor: int = 0
+        self,
+        instance_id: str,
+        *,
+        owner: str,
+        ttl: timedelta,
+        now: datetime | None,
+        floor: int = 0,
     ) -> Lease | None:
+        now = or_process_now(now)
         current = self._d.leases.get(instance_id)
         if current is not None and current.expires_at > now:
             return None
@@ -224,7 +234,8 @@ class MemoryLeaseStore:
         self._d.leases[instance_id] = lease
         return lease
 
-    async def renew(self, lease: Lease, *, ttl: timedelta, now: datetime) -> Lease:
+    async def renew(self, lease: Lease, *, ttl: timedelta, now: datetime | None) -> Lease:
+        now = or_process_now(now)
         current = self._d.leases.get(lease.instance_id)
         if current is None or current.token != lease.token:
             raise LeaseLost(lease.instance_id, lease.token, "a newer lease was issued")
@@ -234,7 +245,19 @@ class MemoryLeaseStore:
         self._d.leases[lease.instance_id] = renewed
         return renewed
 
-    async def release(self, lease: Lease, *, now: datetime) -> None:
+    async def renew_many(
+        self, leases: Sequence[Lease], *, ttl: timedelta, now: datetime | None
+    ) -> Sequence[Lease | None]:
+        renewed: list[Lease | None] = []
+        for lease in leases:
+            try:
+                renewed.append(await self.renew(lease, ttl=ttl, now=now))
+            except LeaseLost:
+                renewed.append(None)
+        return renewed
+
+    async def release(self, lease: Lease, *, now: datetime | None) -> None:
+        now = or_process_now(now)
         current = self._d.leases.get(lease.instance_id)
         if current is not None and current.token == lease.token and current.expires_at > now:
             self._d.leases[lease.instance_id] = dataclasses.replace(current, expires_at=now)
@@ -250,9 +273,9 @@ class MemoryRecoveryIndex:
         self._d = data
 
     async def find_abandoned(
-        self, *, now: datetime, idle_for: timedelta, limit: int, offset: int = 0
+        self, *, now: datetime | None, idle_for: timedelta, limit: int, offset: int = 0
     ) -> Sequence[RecoveryCandidate]:
-        cutoff = now - idle_for
+        cutoff = or_process_now(now) - idle_for
         found = [
             r
             for r in self._d.instances.values()

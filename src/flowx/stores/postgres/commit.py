@@ -42,7 +42,8 @@ WITH inst AS (
     SELECT fence, next_sequence FROM flow_instance
      WHERE instance_id = %(instance_id)s FOR UPDATE
 ), ok AS (
-    SELECT next_sequence AS seq FROM inst WHERE %(token)s >= fence
+    SELECT next_sequence AS seq, coalesce(%(now)s::timestamptz, now()) AS now
+      FROM inst WHERE %(token)s >= fence
 ), step AS (
     INSERT INTO flow_step (instance_id, scope, step_id, attempt, sequence, step_name, outcome,
                            result, capability_id, capability_version, nondeterministic,
@@ -50,7 +51,7 @@ WITH inst AS (
     SELECT %(instance_id)s::uuid, %(scope)s::text, %(step_id)s::int, %(attempt)s::int, ok.seq,
            %(step_name)s::text, %(outcome)s::text, %(result)s::json, %(capability_id)s::text,
            %(capability_version)s::text, %(nondeterministic)s::json, %(duration_ms)s::bigint,
-           %(now)s::timestamptz
+           ok.now
       FROM ok WHERE %(has_step)s
     RETURNING sequence
 ), moved AS (
@@ -62,7 +63,7 @@ WITH inst AS (
            state = coalesce(%(state)s::text, f.state),
            error = coalesce(%(error)s::json, f.error),
            resume_count = CASE WHEN %(has_step)s THEN 0 ELSE f.resume_count END,
-           updated_at = %(now)s,
+           updated_at = ok.now,
            version = f.version + 1
       FROM ok
      WHERE f.instance_id = %(instance_id)s
@@ -71,7 +72,7 @@ WITH inst AS (
     INSERT INTO outbox_event (event_id, instance_id, sequence, ordinal, type, schema_version,
                               partition_key, payload, staged_at)
     SELECT e.event_id, %(instance_id)s, ok.seq, (e.ord - 1)::int, e.type, e.schema_version,
-           e.partition_key, e.payload::json, %(now)s
+           e.partition_key, e.payload::json, ok.now
       FROM ok, unnest(%(event_ids)s::uuid[], %(event_types)s::text[],
                       %(event_versions)s::text[], %(event_keys)s::text[],
                       %(event_payloads)s::text[])
@@ -152,7 +153,10 @@ WITH input AS (
      ORDER BY f.instance_id
        FOR UPDATE
 ), ok AS (
-    SELECT i.*, l.next_sequence AS seq
+    SELECT i.instance_id, i.token, i.has_step, i.scope, i.step_id, i.attempt, i.step_name,
+           i.outcome, i.result, i.capability_id, i.capability_version, i.nondeterministic,
+           i.duration_ms, i.state_bag, i.state, i.error, coalesce(i.now, now()) AS now, i.ord,
+           l.next_sequence AS seq
       FROM input i JOIN locked l ON l.instance_id = i.instance_id
      WHERE i.token >= l.fence
 ), step AS (

@@ -4,13 +4,24 @@ Session settings defend against the hazards measured on this machine: a dead wor
 transaction must not hold an instance's row lock for ever (``idle_in_transaction_session_
 timeout`` below the lease TTL), a takeover must not queue behind such a lock indefinitely
 (``lock_timeout``), and a hung COMMIT must fail in seconds (``tcp_user_timeout``).
+
+Every block of round trips also has a client-side deadline (R9.1): a request the network
+acknowledged and then never answered (a pooler that lost its server side, a frozen backend)
+trips no TCP timer, so past the deadline the socket is shut down, the pending read ends at
+once, the connection is discarded and the caller gets ``JournalNoAnswer`` (a write's outcome
+unknown). TCP keepalives on both ends make a partitioned node's server sessions go away in
+about a minute instead of hours.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import os
 import re
+import socket
 from collections.abc import AsyncIterator
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -20,6 +31,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from flowx.stores import migrations
 from flowx.stores.errors import (
+    JournalNoAnswer,
     JournalUnavailable,
     NotAFlowXStore,
     SchemaNotMigrated,
@@ -47,6 +59,68 @@ def unavailable(dsn: str, exc: BaseException) -> JournalUnavailable:
     return error
 
 
+#: The default deadline of a block of round trips; a host lowers it to a third of its lease
+#: TTL when that is shorter (``bound_round_trips``).
+DEFAULT_ROUND_TRIP_TIMEOUT = 10.0
+#: Seconds of silence before TCP keepalive probes start, between probes, and probes lost
+#: before the peer is declared dead: a partitioned peer is noticed in about a minute.
+_KEEPALIVE = (30, 10, 3)
+#: The server polls the client socket of a running query this often (PostgreSQL 14+), so a
+#: query whose client vanished is stopped instead of run to its end.
+_CHECK_CLIENT_MS = 5_000
+
+
+def _sever(conn: AsyncConnection[Any]) -> None:
+    """Shut the connection's socket down under libpq: a read waiting on it ends at once (EOF),
+    libpq marks the connection bad, and the pool discards it. Closing the fd instead would
+    leave the reader waiting on a descriptor the event loop no longer watches."""
+    with contextlib.suppress(Exception):
+        dup = socket.socket(fileno=os.dup(conn.pgconn.socket))
+        try:
+            dup.shutdown(socket.SHUT_RDWR)
+        finally:
+            dup.close()
+
+
+@contextlib.asynccontextmanager
+async def deadline(
+    conn: AsyncConnection[Any], seconds: float | None, where: str
+) -> AsyncIterator[None]:
+    """Bound the round trips made on ``conn`` inside the block (R9.1).
+
+    Past ``seconds`` the socket is severed; any psycopg error the block then raises leaves as
+    ``JournalNoAnswer``. No task is cancelled: psycopg answers a cancellation by asking the
+    server to cancel and waiting again, which is exactly what a silent peer never answers.
+    """
+    if seconds is None:
+        yield
+        return
+    severed = False
+
+    def sever() -> None:
+        nonlocal severed
+        severed = True
+        _sever(conn)
+
+    handle = asyncio.get_running_loop().call_later(seconds, sever)
+    try:
+        yield
+    except psycopg.Error as exc:
+        if severed:
+            raise JournalNoAnswer(
+                f"{where} gave no answer within {seconds:g}s; the connection was discarded "
+                "and what it was doing has an unknown outcome (a write is re-read before "
+                "anything re-runs)"
+            ) from exc
+        raise
+    finally:
+        handle.cancel()
+    if severed:
+        # Every round trip was answered, the last just as the deadline fell: the work is
+        # done, but the socket is gone; close it so the pool does not hand it out again.
+        await conn.close()
+
+
 class PostgresDatabase:
     """A psycopg async pool bound to one FlowX schema."""
 
@@ -68,18 +142,27 @@ class PostgresDatabase:
         self.dsn = dsn
         self.schema = schema
         self._connect_timeout = connect_timeout
+        idle, interval, count = _KEEPALIVE
         options = (
             f"-c search_path={schema} -c TimeZone=UTC "
             f"-c statement_timeout={statement_timeout_ms} -c lock_timeout={lock_timeout_ms} "
-            f"-c idle_in_transaction_session_timeout={idle_in_transaction_timeout_ms}"
+            f"-c idle_in_transaction_session_timeout={idle_in_transaction_timeout_ms} "
+            f"-c tcp_keepalives_idle={idle} -c tcp_keepalives_interval={interval} "
+            f"-c tcp_keepalives_count={count}"
         )
         self._kwargs: dict[str, Any] = {
             "autocommit": True,
             "options": options,
             "connect_timeout": max(1, int(connect_timeout)),
             "tcp_user_timeout": tcp_user_timeout_ms,
+            "keepalives": 1,
+            "keepalives_idle": idle,
+            "keepalives_interval": interval,
+            "keepalives_count": count,
             "application_name": "flowx",
         }
+        #: The deadline of every block of round trips (R9.1); ``None`` turns it off.
+        self.round_trip_timeout: float | None = DEFAULT_ROUND_TRIP_TIMEOUT
         self._min_size, self._max_size = min_size, max_size
         self.pool = self._new_pool()
         #: A psycopg pool opens once: after a failed open (or a close) the next ``open()``
@@ -103,12 +186,32 @@ class PostgresDatabase:
         # Payloads come back as the exact text stored (R2.1), ids as strings.
         conn.adapters.register_loader("json", TextLoader)
         conn.adapters.register_loader("uuid", TextLoader)
+        if conn.info.server_version >= 140000:
+            await conn.execute(
+                "SELECT set_config('client_connection_check_interval', %s, false)",
+                (str(_CHECK_CLIENT_MS),),
+            )
+
+    async def connect(self) -> AsyncConnection[Any]:
+        """A connection of its own, outside the pool, configured like the pool's."""
+        conn = await AsyncConnection.connect(self.dsn, **self._kwargs)
+        await self._configure(conn)
+        return conn
+
+    def where(self) -> str:
+        return f"PostgreSQL at {redact(self.dsn)}"
 
     @contextlib.asynccontextmanager
-    async def connection(self) -> AsyncIterator[AsyncConnection[Any]]:
-        """A pooled connection; driver and pool errors leave as ``JournalUnavailable``."""
+    async def connection(
+        self, *, bounded: bool = True
+    ) -> AsyncIterator[AsyncConnection[Any]]:
+        """A pooled connection; driver and pool errors leave as ``JournalUnavailable``.
+
+        The block is bounded by ``round_trip_timeout`` unless ``bounded`` is off (migrations,
+        and an outbox claim, which the server bounds with its idle-in-transaction timeout)."""
+        limit = self.round_trip_timeout if bounded else None
         try:
-            async with self.pool.connection() as conn:
+            async with self.pool.connection() as conn, deadline(conn, limit, self.where()):
                 yield conn
         except (psycopg.OperationalError, PoolTimeout, psycopg.errors.AdminShutdown) as exc:
             raise unavailable(self.dsn, exc) from exc
@@ -134,7 +237,7 @@ class PostgresDatabase:
             raise
 
     async def _check_and_migrate(self, migrate: bool) -> None:
-        async with self.connection() as conn, conn.transaction():
+        async with self.connection(bounded=False) as conn, conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
             await conn.execute(
                 sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema))
@@ -181,8 +284,52 @@ class PostgresDatabase:
             ).fetchone()
             return int(row[0]) if row else 0
 
+    async def server_time(self) -> datetime:
+        """The server's clock now (``clock_timestamp()``), to measure this node's offset."""
+        async with self.connection() as conn:
+            row = await (await conn.execute("SELECT clock_timestamp()")).fetchone()
+        assert row is not None
+        moment: datetime = row[0]
+        return moment
+
     async def close(self) -> None:
         await self.pool.close()
+
+
+class DedicatedConnection:
+    """One connection kept apart from the pool for one job (lease renewals), reconnected
+    after any failure, with the same deadline and error translation as the pool's."""
+
+    def __init__(self, db: PostgresDatabase, job: str) -> None:
+        self._db = db
+        self._job = job
+        self._conn: AsyncConnection[Any] | None = None
+        self._lock = asyncio.Lock()
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[AsyncConnection[Any]]:
+        async with self._lock:
+            try:
+                if self._conn is None or self._conn.closed or self._conn.broken:
+                    self._conn = await self._db.connect()
+                conn = self._conn
+                async with deadline(conn, self._db.round_trip_timeout, self._db.where()):
+                    yield conn
+            except BaseException as exc:
+                await self._discard()
+                if isinstance(exc, psycopg.OperationalError | psycopg.errors.QueryCanceled):
+                    raise unavailable(self._db.dsn, exc) from exc
+                raise
+
+    async def _discard(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.close()
+
+    async def close(self) -> None:
+        async with self._lock:
+            await self._discard()
 
 
 async def apply(conn: AsyncConnection[Any], migration: migrations.Migration) -> None:

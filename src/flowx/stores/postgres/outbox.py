@@ -118,7 +118,9 @@ class PostgresOutbox:
         self, *, limit: int, now: datetime, owner: str, dead_letters_hold_keys: bool = False
     ) -> AsyncIterator[ClaimOutcome]:
         params = {"limit": limit, "hold": dead_letters_hold_keys}
-        async with self._db.connection() as conn, conn.transaction():
+        # Unbounded here: the claim is held while the broker publishes; the server's
+        # idle-in-transaction timeout ends a claim whose publisher vanished.
+        async with self._db.connection(bounded=False) as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
             rows = await (await cur.execute(CLAIM, params, prepare=True)).fetchall()
             outcome = ClaimOutcome(events=tuple(event_record(r) for r in rows))

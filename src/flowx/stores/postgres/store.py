@@ -6,6 +6,7 @@ commit, the hot path, lives in ``commit.py``.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any, Final, LiteralString
@@ -15,7 +16,7 @@ from psycopg.rows import dict_row
 from flowx.stores.errors import FencedOut, LeaseLost, UnknownInstance
 from flowx.stores.postgres.changes import PostgresChanges
 from flowx.stores.postgres.commit import GroupCommitter, commit_one
-from flowx.stores.postgres.database import PostgresDatabase, redact
+from flowx.stores.postgres.database import DedicatedConnection, PostgresDatabase, redact
 from flowx.stores.postgres.notify import StagedNotifier
 from flowx.stores.postgres.outbox import PostgresOutbox
 from flowx.stores.protocols import InstanceQuery
@@ -86,7 +87,7 @@ INSERT_INSTANCE: Final[LiteralString] = (
 OPEN_INSTANCE: Final[LiteralString] = (
     "UPDATE flow_instance SET fence = %(token)s, resume_count = resume_count + 1, "
     "state = CASE WHEN state IN ('Pending', 'Suspended') THEN 'Running' ELSE state END, "
-    "updated_at = %(now)s, version = version + 1 "
+    "updated_at = coalesce(%(now)s::timestamptz, now()), version = version + 1 "
     "WHERE instance_id = %(instance_id)s AND fence <= %(token)s RETURNING " + _INSTANCE_COLUMNS
 )
 FENCE_OF: Final[LiteralString] = "SELECT fence FROM flow_instance WHERE instance_id = %s"
@@ -103,7 +104,8 @@ PARENT_OF: Final[LiteralString] = (
 )
 LOCK_PARENT: Final[LiteralString] = "SELECT 1 FROM flow_instance WHERE instance_id = %s FOR UPDATE"
 WAKE_PARENT: Final[LiteralString] = (
-    "UPDATE flow_instance SET state = 'Pending', updated_at = %(now)s, version = version + 1 "
+    "UPDATE flow_instance SET state = 'Pending', "
+    "updated_at = coalesce(%(now)s::timestamptz, now()), version = version + 1 "
     "WHERE instance_id = %(parent)s AND state = 'Suspended' AND wake_signal = %(wait)s "
     "AND wake_step_id = %(step_id)s AND wake_scope = %(scope)s"
 )
@@ -111,20 +113,25 @@ WAKE_PARENT: Final[LiteralString] = (
 # Acquire, and raise the instance's fence to the new token in the same statement (R2.4).
 # The token is above every token issued for the instance, above the caller's floor, and above
 # the journal's fence. ON CONFLICT ... WHERE leaves a live lease alone: no row, `None`.
+# Time is the server's unless the caller pins it (`t`; R9.2): a node whose clock runs ahead
+# must not see a live lease as expired. now() is the statement's start in autocommit.
 ACQUIRE: Final[LiteralString] = """
-WITH floor AS (
+WITH t AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), floor AS (
     SELECT greatest(%(floor)s::bigint,
                     coalesce((SELECT fence FROM flow_instance
                                WHERE instance_id = %(instance_id)s), 0)) AS f
 ), granted AS (
     INSERT INTO flow_lease AS l (instance_id, owner_node, fencing_token, expires_at, acquired_at)
-    SELECT %(instance_id)s, %(owner)s, floor.f + 1, %(expires)s, %(now)s FROM floor
+    SELECT %(instance_id)s, %(owner)s, floor.f + 1, t.now + %(ttl)s::interval, t.now
+      FROM floor, t
     ON CONFLICT (instance_id) DO UPDATE
        SET owner_node = excluded.owner_node,
            fencing_token = greatest(l.fencing_token + 1, excluded.fencing_token),
            expires_at = excluded.expires_at,
            acquired_at = excluded.acquired_at
-     WHERE l.expires_at <= %(now)s
+     WHERE l.expires_at <= excluded.acquired_at
     RETURNING fencing_token, expires_at
 ), fenced AS (
     UPDATE flow_instance f SET fence = g.fencing_token
@@ -138,16 +145,18 @@ SELECT fencing_token, expires_at FROM granted
 # granted token as its fence; an existing instance (same id or key) is left untouched.
 CREATE_LEASED: Final[LiteralString] = (
     """
-WITH granted AS (
+WITH t AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), granted AS (
     INSERT INTO flow_lease AS l (instance_id, owner_node, fencing_token, expires_at, acquired_at)
-    VALUES (%(instance_id)s, %(owner)s, 1, %(expires)s, %(now)s)
+    SELECT %(instance_id)s, %(owner)s, 1, t.now + %(ttl)s::interval, t.now FROM t
     ON CONFLICT (instance_id) DO UPDATE
        SET owner_node = excluded.owner_node,
            fencing_token = l.fencing_token + 1,
            expires_at = excluded.expires_at,
            acquired_at = excluded.acquired_at
-     WHERE l.expires_at <= %(now)s
-    RETURNING fencing_token, expires_at
+     WHERE l.expires_at <= excluded.acquired_at
+    RETURNING fencing_token, expires_at, acquired_at
 ), created AS (
     INSERT INTO flow_instance (instance_id, flow_id, flow_version, tenant_id, state, fence,
         input, state_bag, idempotency_key, correlation_id, deadline_at, parent_instance_id,
@@ -155,33 +164,43 @@ WITH granted AS (
     SELECT %(instance_id)s, %(flow_id)s, %(flow_version)s, %(tenant_id)s, %(state)s,
            g.fencing_token, %(input)s::json, %(state_bag)s::json, %(idempotency_key)s,
            %(correlation_id)s, %(deadline_at)s::timestamptz, %(parent_instance_id)s::uuid,
-           %(parent_scope)s, %(parent_step_id)s::int, %(codec_version)s, %(now)s, %(now)s
+           %(parent_scope)s, %(parent_step_id)s::int, %(codec_version)s, g.acquired_at,
+           g.acquired_at
       FROM granted g
     ON CONFLICT DO NOTHING
     RETURNING """
     + _INSTANCE_COLUMNS
     + """
 )
-SELECT g.fencing_token AS lease_token, g.expires_at AS lease_expires, c.*
+SELECT g.fencing_token AS lease_token, g.expires_at AS lease_expires,
+       g.acquired_at AS lease_acquired, c.*
   FROM granted g LEFT JOIN created c ON true
 """
 )
-RENEW: Final[LiteralString] = (
-    "UPDATE flow_lease SET expires_at = %(expires)s WHERE instance_id = %(instance_id)s "
-    "AND fencing_token = %(token)s AND expires_at > %(now)s RETURNING expires_at"
-)
+# Every lease a node holds, renewed in one statement (R9.1); primary key per row. A lease
+# whose token is stale or that has expired is not in the result.
+RENEW_MANY: Final[LiteralString] = """
+UPDATE flow_lease l SET expires_at = t.now + %(ttl)s::interval
+  FROM (SELECT coalesce(%(now)s::timestamptz, now()) AS now) t,
+       unnest(%(ids)s::uuid[], %(tokens)s::bigint[]) AS r(instance_id, token)
+ WHERE l.instance_id = r.instance_id AND l.fencing_token = r.token AND l.expires_at > t.now
+RETURNING l.instance_id::text, l.expires_at
+"""
 RELEASE: Final[LiteralString] = (
-    "UPDATE flow_lease SET expires_at = %(now)s WHERE instance_id = %(instance_id)s "
-    "AND fencing_token = %(token)s AND expires_at > %(now)s"
+    "UPDATE flow_lease SET expires_at = coalesce(%(now)s::timestamptz, now()) "
+    "WHERE instance_id = %(instance_id)s AND fencing_token = %(token)s "
+    "AND expires_at > coalesce(%(now)s::timestamptz, now())"
 )
 CURRENT_LEASE: Final[LiteralString] = (
     "SELECT owner_node, fencing_token, expires_at FROM flow_lease WHERE instance_id = %s"
 )
 
 # flow_instance_abandoned_idx: a range scan in (updated_at, instance_id) order, no sort.
+# The cutoff is the server's clock less the idle time unless the caller pins it (R9.2).
 FIND_ABANDONED: Final[LiteralString] = (
     "SELECT instance_id, flow_id, flow_version, state, updated_at FROM flow_instance "
-    "WHERE state IN ('Pending', 'Running', 'Compensating') AND updated_at < %s "
+    "WHERE state IN ('Pending', 'Running', 'Compensating') "
+    "AND updated_at < coalesce(%s::timestamptz, now()) - %s::interval "
     "ORDER BY updated_at, instance_id LIMIT %s OFFSET %s"
 )
 # flow_instance_queued_idx.
@@ -208,7 +227,9 @@ def _step(r: dict[str, Any]) -> StepRecord:
     return StepRecord(**{**r, "outcome": Outcome(r["outcome"])})
 
 
-def create_params(instance: NewInstance, token: int, now: datetime) -> dict[str, Any]:
+def create_params(
+    instance: NewInstance, token: int, now: datetime | None
+) -> dict[str, Any]:
     return {
         "instance_id": instance.instance_id,
         "flow_id": instance.flow_id,
@@ -259,9 +280,9 @@ class PostgresJournal:
             return CreateResult(instance=await existing(cur, instance), created=False)
 
     async def create_leased(
-        self, instance: NewInstance, *, owner: str, ttl: timedelta, now: datetime
+        self, instance: NewInstance, *, owner: str, ttl: timedelta, now: datetime | None
     ) -> tuple[Lease | None, CreateResult | None]:
-        params = {**create_params(instance, 0, now), "owner": owner, "expires": now + ttl}
+        params = {**create_params(instance, 0, now), "owner": owner, "ttl": ttl}
         async with self._db.connection() as conn:
             cur = conn.cursor(row_factory=dict_row)
             row = await (await cur.execute(CREATE_LEASED, params, prepare=True)).fetchone()
@@ -273,11 +294,12 @@ class PostgresJournal:
                 token=int(row.pop("lease_token")),
                 expires_at=row.pop("lease_expires"),
             )
+            row.pop("lease_acquired")
             if row["instance_id"] is not None:
                 return lease, CreateResult(instance=_instance(row), created=True)
             return lease, CreateResult(instance=await existing(cur, instance), created=False)
 
-    async def open(self, instance_id: str, *, token: int, now: datetime) -> History:
+    async def open(self, instance_id: str, *, token: int, now: datetime | None) -> History:
         # One round trip: the fence rises, then the history is read, in one transaction sent
         # as a pipeline. A refused open reads the history for nothing, and says why below.
         params = {"instance_id": instance_id, "token": token, "now": now}
@@ -355,20 +377,31 @@ class PostgresJournal:
 
 
 class PostgresLeaseStore:
-    """``LeaseStore`` on ``flow_lease``: INSERT or UPDATE, never DELETE (R3.1)."""
+    """``LeaseStore`` on ``flow_lease``: INSERT or UPDATE, never DELETE (R3.1).
+
+    Renewals go over a connection of their own, outside the pool: a node's one renewal
+    statement per interval never waits behind step commits for a pooled connection, which is
+    what lost live leases when every commit was slow (a slow disk; R9.1).
+    """
 
     def __init__(self, db: PostgresDatabase) -> None:
         self._db = db
+        self._renewals = DedicatedConnection(db, "lease renewals")
 
     async def acquire(
-        self, instance_id: str, *, owner: str, ttl: timedelta, now: datetime, floor: int = 0
+        self,
+        instance_id: str,
+        *,
+        owner: str,
+        ttl: timedelta,
+        now: datetime | None,
+        floor: int = 0,
     ) -> Lease | None:
-        expires = now + ttl
         params = {
             "instance_id": instance_id,
             "owner": owner,
             "now": now,
-            "expires": expires,
+            "ttl": ttl,
             "floor": floor,
         }
         async with self._db.connection() as conn:
@@ -377,24 +410,36 @@ class PostgresLeaseStore:
             return None
         return Lease(instance_id=instance_id, owner=owner, token=int(row[0]), expires_at=row[1])
 
-    async def renew(self, lease: Lease, *, ttl: timedelta, now: datetime) -> Lease:
-        params = {
-            "instance_id": lease.instance_id,
-            "token": lease.token,
-            "now": now,
-            "expires": now + ttl,
-        }
-        async with self._db.connection() as conn:
-            row = await (await conn.execute(RENEW, params, prepare=True)).fetchone()
-        if row is None:
+    async def renew(self, lease: Lease, *, ttl: timedelta, now: datetime | None) -> Lease:
+        renewed = (await self.renew_many([lease], ttl=ttl, now=now))[0]
+        if renewed is None:
             raise LeaseLost(
                 lease.instance_id, lease.token, "it expired or a newer lease was issued"
             )
-        return Lease(
-            instance_id=lease.instance_id, owner=lease.owner, token=lease.token, expires_at=row[0]
-        )
+        return renewed
 
-    async def release(self, lease: Lease, *, now: datetime) -> None:
+    async def renew_many(
+        self, leases: Sequence[Lease], *, ttl: timedelta, now: datetime | None
+    ) -> Sequence[Lease | None]:
+        if not leases:
+            return []
+        params = {
+            "ids": [lease.instance_id for lease in leases],
+            "tokens": [lease.token for lease in leases],
+            "ttl": ttl,
+            "now": now,
+        }
+        async with self._renewals.connection() as conn:
+            rows = await (await conn.execute(RENEW_MANY, params, prepare=True)).fetchall()
+        expiry = {str(r[0]): r[1] for r in rows}
+        return [
+            dataclasses.replace(lease, expires_at=expiry[lease.instance_id])
+            if lease.instance_id in expiry
+            else None
+            for lease in leases
+        ]
+
+    async def release(self, lease: Lease, *, now: datetime | None) -> None:
         params = {"instance_id": lease.instance_id, "token": lease.token, "now": now}
         async with self._db.connection() as conn:
             await conn.execute(RELEASE, params, prepare=True)
@@ -406,6 +451,9 @@ class PostgresLeaseStore:
             return None
         return Lease(instance_id=instance_id, owner=row[0], token=int(row[1]), expires_at=row[2])
 
+    async def close(self) -> None:
+        await self._renewals.close()
+
 
 class PostgresRecoveryIndex:
     """``RecoveryIndex``: two index-ordered queries, bounded, no sort (R3.4)."""
@@ -414,9 +462,9 @@ class PostgresRecoveryIndex:
         self._db = db
 
     async def find_abandoned(
-        self, *, now: datetime, idle_for: timedelta, limit: int, offset: int = 0
+        self, *, now: datetime | None, idle_for: timedelta, limit: int, offset: int = 0
     ) -> Sequence[RecoveryCandidate]:
-        return await self._page(FIND_ABANDONED, (now - idle_for, limit, offset))
+        return await self._page(FIND_ABANDONED, (now, idle_for, limit, offset))
 
     async def find_queued(self, *, limit: int, offset: int = 0) -> Sequence[RecoveryCandidate]:
         return await self._page(FIND_QUEUED, (limit, offset))
@@ -486,7 +534,7 @@ class PostgresStores:
         self.waits = PostgresWaits(self.db)
 
     async def create_leased(
-        self, instance: NewInstance, *, owner: str, ttl: timedelta, now: datetime
+        self, instance: NewInstance, *, owner: str, ttl: timedelta, now: datetime | None
     ) -> tuple[Lease | None, CreateResult | None]:
         """``LeasedCreate``: lease and instance in one statement."""
         return await self.journal.create_leased(instance, owner=owner, ttl=ttl, now=now)
@@ -497,10 +545,19 @@ class PostgresStores:
     async def close(self) -> None:
         await self.notifier.close()
         await self.outbox.close()
+        await self.leases.close()
         await self.db.close()
 
     def describe(self) -> str:
         return f"{redact(self.db.dsn)} (schema {self.db.schema})"
+
+    def bound_round_trips(self, seconds: float) -> None:
+        """``RoundTripBound``: no block of round trips waits longer than ``seconds``."""
+        self.db.round_trip_timeout = min(self.db.round_trip_timeout or seconds, seconds)
+
+    async def store_clock(self) -> list[tuple[str, datetime]]:
+        """``StoreClock``: leases, recovery and ``updated_at`` all use this server's clock."""
+        return [(self.db.where(), await self.db.server_time())]
 
     async def schema_version(self) -> int | None:
         return await self.db.schema_version()

@@ -12,7 +12,8 @@ so after a restart every counter is gone. Two things keep the fence safe anyway:
   refuses a token below it (R2.4). A token issued from a stale floor is refused there and the
   host treats it as a lost race, so a forgotten counter costs a retry, never a write past a fence.
 
-Expiry is decided by the caller's ``now`` (as in every store), never by Redis key expiry. A
+Expiry is decided by Redis's clock (``TIME``, R9.2) or a ``now`` the caller pins (tests),
+never by Redis key expiry. A
 released or expired hash is kept for ``retain`` (default seven days) and then left to Redis to
 evict: its counter is only an optimisation over the journal's fence from then on.
 """
@@ -20,6 +21,8 @@ evict: its counter is only an optimisation over the journal's fence from then on
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
@@ -29,55 +32,91 @@ from redis import exceptions as redis_errors
 from flowx.stores.errors import LeaseLost, LeaseUnavailable
 from flowx.stores.records import Lease
 
-# KEYS[1] lease hash. ARGV: owner, now_ms, expires_ms, floor, keep_ms.
-# Returns the new token, or false when a live lease is held (by anyone, this owner included).
-_ACQUIRE: Final = """
+# Time is Redis's own (TIME) unless the caller pins it (R9.2): a node whose clock runs ahead
+# must not see a live lease as expired, nor a node behind it be starved. Scripts may call TIME:
+# Redis 5+ replicates a script's effects, not the script.
+_NOW: Final = """
+local function now_ms(arg)
+  if arg ~= '' then return tonumber(arg) end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+"""
+# KEYS[1] lease hash. ARGV: owner, now_ms ('' = Redis's clock), ttl_ms, floor, keep_ms.
+# Returns {token, expires_ms}, or false when a live lease is held (by anyone, this owner too).
+_ACQUIRE: Final = (
+    _NOW
+    + """
+local now = now_ms(ARGV[2])
 local v = redis.call('HMGET', KEYS[1], 'token', 'expires')
 local token = tonumber(v[1]) or 0
-if v[1] and tonumber(v[2]) > tonumber(ARGV[2]) then
+if v[1] and tonumber(v[2]) > now then
   return false
 end
 local floor = tonumber(ARGV[4])
 if floor > token then token = floor end
 token = token + 1
-redis.call('HSET', KEYS[1], 'token', token, 'owner', ARGV[1], 'expires', ARGV[3])
+local expires = now + tonumber(ARGV[3])
+redis.call('HSET', KEYS[1], 'token', token, 'owner', ARGV[1], 'expires', expires)
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
-return token
+return {token, expires}
 """
-# ARGV: token, now_ms, expires_ms, keep_ms, owner. Returns 1, or 0 when stale, expired or
-# released. A hash that is not there at all (Redis restarted and forgot it) is written back
-# under the renewer's token: nobody has acquired since, or the hash would exist, and the
-# journal's fence still refuses the token if a newer one was ever used there.
-_RENEW: Final = """
-local v = redis.call('HMGET', KEYS[1], 'token', 'expires')
-if not v[1] then
-  redis.call('HSET', KEYS[1], 'token', ARGV[1], 'owner', ARGV[5], 'expires', ARGV[3])
-  redis.call('PEXPIRE', KEYS[1], ARGV[4])
-  return 1
+)
+# KEYS: one lease hash per lease. ARGV: now_ms, ttl_ms, keep_ms, then token and owner for each
+# key. Returns the new expiry for each key, or 0 when stale, expired or released. A hash that
+# is not there at all (Redis restarted and forgot it) is written back under the renewer's
+# token: nobody has acquired since, or the hash would exist, and the journal's fence still
+# refuses the token if a newer one was ever used there. One script, one round trip, however
+# many leases the node holds (R9.1).
+_RENEW_MANY: Final = (
+    _NOW
+    + """
+local now = now_ms(ARGV[1])
+local expires = now + tonumber(ARGV[2])
+local out = {}
+for i, key in ipairs(KEYS) do
+  local token, owner = ARGV[2 + 2 * i], ARGV[3 + 2 * i]
+  local v = redis.call('HMGET', key, 'token', 'expires')
+  if not v[1] then
+    redis.call('HSET', key, 'token', token, 'owner', owner, 'expires', expires)
+    redis.call('PEXPIRE', key, ARGV[3])
+    out[i] = expires
+  elseif v[1] ~= token or tonumber(v[2]) <= now then
+    out[i] = 0
+  else
+    redis.call('HSET', key, 'expires', expires)
+    redis.call('PEXPIRE', key, ARGV[3])
+    out[i] = expires
+  end
 end
-if v[1] ~= ARGV[1] or tonumber(v[2]) <= tonumber(ARGV[2]) then
-  return 0
-end
-redis.call('HSET', KEYS[1], 'expires', ARGV[3])
-redis.call('PEXPIRE', KEYS[1], ARGV[4])
-return 1
+return out
 """
+)
 # ARGV: token, now_ms. Ends the lease now if the token is current and live; never deletes.
-_RELEASE: Final = """
+_RELEASE: Final = (
+    _NOW
+    + """
+local now = now_ms(ARGV[2])
 local v = redis.call('HMGET', KEYS[1], 'token', 'expires')
-if v[1] == ARGV[1] and tonumber(v[2]) > tonumber(ARGV[2]) then
-  redis.call('HSET', KEYS[1], 'expires', ARGV[2])
+if v[1] == ARGV[1] and tonumber(v[2]) > now then
+  redis.call('HSET', KEYS[1], 'expires', now)
   return 1
 end
 return 0
 """
+)
 
 _CONNECTION_ERRORS = (redis_errors.ConnectionError, redis_errors.TimeoutError)
 _ATTEMPTS = 3
 
 
-def _ms(moment: datetime) -> int:
-    return int(moment.timestamp() * 1000)
+def _ms(moment: datetime | None) -> int | str:
+    """A pinned time in milliseconds, or '' for Redis's own clock."""
+    return "" if moment is None else int(moment.timestamp() * 1000)
+
+
+def _ttl_ms(ttl: timedelta) -> int:
+    return int(ttl.total_seconds() * 1000)
 
 
 def _at(ms: int) -> datetime:
@@ -104,7 +143,7 @@ class RedisLeaseStore:
         self._client = client
         self._owns_client = client is None
         self._acquire: Any = None
-        self._renew: Any = None
+        self._renew_many: Any = None
         self._release: Any = None
 
     @property
@@ -131,7 +170,7 @@ class RedisLeaseStore:
             )
         # register_script falls back from EVALSHA to EVAL when a restarted Redis forgot it.
         self._acquire = self._client.register_script(_ACQUIRE)
-        self._renew = self._client.register_script(_RENEW)
+        self._renew_many = self._client.register_script(_RENEW_MANY)
         self._release = self._client.register_script(_RELEASE)
         await self._call(self._client.ping)
 
@@ -163,41 +202,69 @@ class RedisLeaseStore:
         raise error from failure
 
     async def acquire(
-        self, instance_id: str, *, owner: str, ttl: timedelta, now: datetime, floor: int = 0
+        self,
+        instance_id: str,
+        *,
+        owner: str,
+        ttl: timedelta,
+        now: datetime | None,
+        floor: int = 0,
     ) -> Lease | None:
-        expires = now + ttl
         keep = self._keep_ms_for(ttl)
-        token = await self._call(
+        granted = await self._call(
             self._acquire,
             keys=[self._key(instance_id)],
-            args=[owner, _ms(now), _ms(expires), int(floor), keep],
+            args=[owner, _ms(now), _ttl_ms(ttl), int(floor), keep],
         )
-        if token is None:
+        if granted is None:
             return None
-        return Lease(instance_id=instance_id, owner=owner, token=int(token), expires_at=expires)
-
-    async def renew(self, lease: Lease, *, ttl: timedelta, now: datetime) -> Lease:
-        expires = now + ttl
-        keep = self._keep_ms_for(ttl)
-        ok = await self._call(
-            self._renew,
-            keys=[self._key(lease.instance_id)],
-            args=[str(lease.token), _ms(now), _ms(expires), keep, lease.owner],
+        token, expires = granted
+        return Lease(
+            instance_id=instance_id, owner=owner, token=int(token), expires_at=_at(int(expires))
         )
-        if not int(ok):
+
+    async def renew(self, lease: Lease, *, ttl: timedelta, now: datetime | None) -> Lease:
+        renewed = (await self.renew_many([lease], ttl=ttl, now=now))[0]
+        if renewed is None:
             raise LeaseLost(
                 lease.instance_id,
                 lease.token,
                 "it expired, was released or a newer lease was issued",
             )
-        return Lease(
-            instance_id=lease.instance_id, owner=lease.owner, token=lease.token, expires_at=expires
-        )
+        return renewed
 
-    async def release(self, lease: Lease, *, now: datetime) -> None:
+    async def renew_many(
+        self, leases: Sequence[Lease], *, ttl: timedelta, now: datetime | None
+    ) -> Sequence[Lease | None]:
+        if not leases:
+            return []
+        args: list[Any] = [_ms(now), _ttl_ms(ttl), self._keep_ms_for(ttl)]
+        for lease in leases:
+            args.extend((str(lease.token), lease.owner))
+        expiries = await self._call(
+            self._renew_many, keys=[self._key(lease.instance_id) for lease in leases], args=args
+        )
+        return [
+            dataclasses.replace(lease, expires_at=_at(int(ms))) if int(ms) else None
+            for lease, ms in zip(leases, expiries, strict=True)
+        ]
+
+    async def release(self, lease: Lease, *, now: datetime | None) -> None:
         await self._call(
             self._release, keys=[self._key(lease.instance_id)], args=[str(lease.token), _ms(now)]
         )
+
+    def bound_round_trips(self, seconds: float) -> None:
+        """``RoundTripBound``: every command's reply is awaited ``seconds`` at most (R9.1)."""
+        self._socket_timeout = min(self._socket_timeout, seconds)
+
+    async def store_clock(self) -> list[tuple[str, datetime]]:
+        """``StoreClock``: lease expiry is decided by this server's ``TIME``."""
+        client = self._client
+        if client is None:
+            raise LeaseUnavailable("the Redis lease store is not open; call open() first")
+        seconds, micros = await self._call(client.time)
+        return [(f"Redis at {self._where}", _at(int(seconds) * 1000 + int(micros) // 1000))]
 
     async def current(self, instance_id: str) -> Lease | None:
         client = self._client

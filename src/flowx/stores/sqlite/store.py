@@ -8,12 +8,14 @@ under which PostgreSQL checks the fence.
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
 
+from flowx.clock import or_process_now
 from flowx.stores.errors import DuplicateStep, FencedOut, LeaseLost, UnknownInstance
 from flowx.stores.protocols import InstanceQuery
 from flowx.stores.records import (
@@ -173,10 +175,11 @@ def acquire_in(
     instance_id: str,
     owner: str,
     ttl: timedelta,
-    now: datetime,
+    now: datetime | None,
     floor: int,
 ) -> Lease | None:
     """Grant the lease inside the caller's write transaction."""
+    now = or_process_now(now)  # read under the write lock
     row = conn.execute(
         "SELECT fencing_token, expires_at FROM flow_lease WHERE instance_id = ?",
         (instance_id,),
@@ -220,8 +223,9 @@ class SqliteJournal:
     async def create(self, instance: NewInstance, *, token: int, now: datetime) -> CreateResult:
         return await self._db.write(lambda conn: create_in(conn, instance, token, now))
 
-    async def open(self, instance_id: str, *, token: int, now: datetime) -> History:
+    async def open(self, instance_id: str, *, token: int, now: datetime | None) -> History:
         def tx(conn: sqlite3.Connection) -> History:
+            stamp = to_text(or_process_now(now))  # read under the write lock
             row = conn.execute(
                 "SELECT fence FROM flow_instance WHERE instance_id = ?", (instance_id,)
             ).fetchone()
@@ -236,7 +240,7 @@ class SqliteJournal:
                 "state = CASE WHEN state IN ('Pending', 'Suspended') THEN 'Running' "
                 "ELSE state END, "
                 "updated_at = ?, version = version + 1 WHERE instance_id = ?",
-                (token, to_text(now), instance_id),
+                (token, stamp, instance_id),
             )
             instance = _instance(conn.execute(_SELECT_INSTANCE, (instance_id,)).fetchone())
             steps = tuple(_step(r) for r in conn.execute(_SELECT_STEPS, (instance_id,)))
@@ -248,7 +252,7 @@ class SqliteJournal:
         def tx(conn: sqlite3.Connection) -> int | None:
             sequence = write(conn)
             if commit.notify_parent:
-                wake_parent_in(conn, commit.instance_id, commit.now)
+                wake_parent_in(conn, commit.instance_id, or_process_now(commit.now))
             return sequence
 
         def write(conn: sqlite3.Connection) -> int | None:
@@ -261,7 +265,7 @@ class SqliteJournal:
             fence, sequence = row
             if commit.token < fence:
                 raise FencedOut(commit.instance_id, commit.token, fence)
-            stamp = to_text(commit.now)
+            stamp = to_text(or_process_now(commit.now))  # read under the write lock
             step = commit.step
             if step is None:
                 conn.execute(
@@ -387,36 +391,53 @@ class SqliteLeaseStore:
         self._db = db
 
     async def acquire(
-        self, instance_id: str, *, owner: str, ttl: timedelta, now: datetime, floor: int = 0
+        self,
+        instance_id: str,
+        *,
+        owner: str,
+        ttl: timedelta,
+        now: datetime | None,
+        floor: int = 0,
     ) -> Lease | None:
         return await self._db.write(
             lambda conn: acquire_in(conn, instance_id, owner, ttl, now, floor)
         )
 
-    async def renew(self, lease: Lease, *, ttl: timedelta, now: datetime) -> Lease:
-        def tx(conn: sqlite3.Connection) -> Lease:
-            expires = now + ttl
-            cur = conn.execute(
-                "UPDATE flow_lease SET expires_at = ? "
-                "WHERE instance_id = ? AND fencing_token = ? AND expires_at > ?",
-                (to_text(expires), lease.instance_id, lease.token, to_text(now)),
+    async def renew(self, lease: Lease, *, ttl: timedelta, now: datetime | None) -> Lease:
+        renewed = (await self.renew_many([lease], ttl=ttl, now=now))[0]
+        if renewed is None:
+            raise LeaseLost(
+                lease.instance_id, lease.token, "it expired or a newer lease was issued"
             )
-            if cur.rowcount != 1:
-                raise LeaseLost(
-                    lease.instance_id, lease.token, "it expired or a newer lease was issued"
+        return renewed
+
+    async def renew_many(
+        self, leases: Sequence[Lease], *, ttl: timedelta, now: datetime | None
+    ) -> Sequence[Lease | None]:
+        """Every lease in one write transaction: one fsync however many there are (R9.1)."""
+
+        def tx(conn: sqlite3.Connection) -> Sequence[Lease | None]:
+            moment = or_process_now(now)
+            expires, stamp = to_text(moment + ttl), to_text(moment)
+            renewed: list[Lease | None] = []
+            for lease in leases:
+                cur = conn.execute(
+                    "UPDATE flow_lease SET expires_at = ? "
+                    "WHERE instance_id = ? AND fencing_token = ? AND expires_at > ?",
+                    (expires, lease.instance_id, lease.token, stamp),
                 )
-            return Lease(
-                instance_id=lease.instance_id,
-                owner=lease.owner,
-                token=lease.token,
-                expires_at=expires,
-            )
+                renewed.append(
+                    dataclasses.replace(lease, expires_at=moment + ttl)
+                    if cur.rowcount == 1
+                    else None
+                )
+            return renewed
 
         return await self._db.write(tx)
 
-    async def release(self, lease: Lease, *, now: datetime) -> None:
+    async def release(self, lease: Lease, *, now: datetime | None) -> None:
         def tx(conn: sqlite3.Connection) -> None:
-            stamp = to_text(now)
+            stamp = to_text(or_process_now(now))
             conn.execute(
                 "UPDATE flow_lease SET expires_at = ? "
                 "WHERE instance_id = ? AND fencing_token = ? AND expires_at > ?",
@@ -448,14 +469,14 @@ class SqliteRecoveryIndex:
         self._db = db
 
     async def find_abandoned(
-        self, *, now: datetime, idle_for: timedelta, limit: int, offset: int = 0
+        self, *, now: datetime | None, idle_for: timedelta, limit: int, offset: int = 0
     ) -> Sequence[RecoveryCandidate]:
         return await self._page(
             "SELECT instance_id, flow_id, flow_version, state, updated_at "
             "FROM flow_instance INDEXED BY flow_instance_abandoned_idx "
             "WHERE state IN ('Pending', 'Running', 'Compensating') AND updated_at < ? "
             "ORDER BY updated_at, instance_id LIMIT ? OFFSET ?",
-            (to_text(now - idle_for), limit, offset),
+            (to_text(or_process_now(now) - idle_for), limit, offset),
         )
 
     async def find_queued(self, *, limit: int, offset: int = 0) -> Sequence[RecoveryCandidate]:
@@ -518,15 +539,16 @@ class SqliteStores:
         self.waits = SqliteWaits(self.db)
 
     async def create_leased(
-        self, instance: NewInstance, *, owner: str, ttl: timedelta, now: datetime
+        self, instance: NewInstance, *, owner: str, ttl: timedelta, now: datetime | None
     ) -> tuple[Lease | None, CreateResult | None]:
         """``LeasedCreate``: the lease and the instance in one transaction, one fsync."""
 
         def tx(conn: sqlite3.Connection) -> tuple[Lease | None, CreateResult | None]:
-            lease = acquire_in(conn, instance.instance_id, owner, ttl, now, 0)
+            moment = or_process_now(now)
+            lease = acquire_in(conn, instance.instance_id, owner, ttl, moment, 0)
             if lease is None:
                 return None, None
-            return lease, create_in(conn, instance, lease.token, now)
+            return lease, create_in(conn, instance, lease.token, moment)
 
         return await self.db.write(tx)
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
 from flowx.stores.errors import LeaseLost
-from flowx.stores.protocols import LeasedCreate
+from flowx.stores.protocols import LeasedCreate, StoreClock
 from flowx.testing.conformance._support import at, instance, new_id
 
 TTL = timedelta(seconds=30)
@@ -145,3 +145,43 @@ class LeaseStoreConformance:
         )
         assert other is not None and by_key is not None and not by_key.created
         assert by_key.instance.instance_id == iid
+
+    async def test_renew_many_extends_live_leases_and_names_the_lost_ones(
+        self, stores: Any
+    ) -> None:
+        """R9.1: a node renews all its leases in one call; a stale token or an expired lease
+        comes back ``None`` in its place, and the rest are renewed."""
+        live, stale, expired = new_id(), new_id(), new_id()
+        a = await stores.leases.acquire(live, owner="n1", ttl=TTL, now=at(0))
+        old = await stores.leases.acquire(stale, owner="n1", ttl=TTL, now=at(0))
+        await stores.leases.release(old, now=at(1))
+        newer = await stores.leases.acquire(stale, owner="n2", ttl=TTL, now=at(2))
+        c = await stores.leases.acquire(expired, owner="n1", ttl=timedelta(seconds=5), now=at(0))
+        renewed = await stores.leases.renew_many([a, old, c], ttl=TTL, now=at(20))
+        assert len(renewed) == 3
+        assert renewed[0] is not None and renewed[0].expires_at == at(50)
+        assert renewed[0].token == a.token
+        assert renewed[1] is None and renewed[2] is None
+        assert (await stores.leases.current(stale)).token == newer.token  # untouched
+        assert await stores.leases.renew_many([], ttl=TTL, now=at(21)) == []
+
+    async def test_without_a_pinned_time_the_store_decides_by_its_own_clock(
+        self, stores: Any
+    ) -> None:
+        """R9.2: ``now=None`` is the store's clock: a lease taken that way is live for the
+        store whatever the caller's clock says, and expires a TTL after the store's now."""
+        iid = new_id()
+        lease = await stores.leases.acquire(iid, owner="n1", ttl=TTL, now=None)
+        assert lease is not None
+        assert await stores.leases.acquire(iid, owner="n2", ttl=TTL, now=None) is None
+        renewed = (await stores.leases.renew_many([lease], ttl=TTL, now=None))[0]
+        assert renewed is not None and renewed.expires_at >= lease.expires_at
+        await stores.leases.release(renewed, now=None)
+        again = await stores.leases.acquire(iid, owner="n2", ttl=TTL, now=None)
+        assert again is not None and again.token > lease.token
+        clock: object = stores
+        if isinstance(clock, StoreClock):
+            reference = (await clock.store_clock())[-1][1]  # the lease store's clock is last
+        else:
+            reference = datetime.now(UTC)  # stores in this process share its clock
+        assert abs(again.expires_at - (reference + TTL)) < timedelta(seconds=5)
