@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
-from flowx.stores.records import EventWrite, NewInstance, Outcome, StepWrite
+from flowx.stores.records import EventWrite, NewInstance, Outcome, StepWrite, SuspendCommit, Wake
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 
@@ -58,4 +59,41 @@ def event(key: str | None = "k", payload: str = '{"n":1}') -> EventWrite:
         schema_version="1",
         partition_key=key,
         payload=payload,
+    )
+
+
+async def make_instance(stores: Any, *, token: int = 1, **kw: Any) -> str:
+    """Create an instance (``kw`` as for ``instance``) at time 0; its id."""
+    created = await stores.journal.create(instance(**kw), token=token, now=at(0))
+    iid: str = created.instance.instance_id
+    return iid
+
+
+def suspend_commit(
+    iid: str,
+    *,
+    token: int = 1,
+    now: float = 5,
+    step_id: int = 2,
+    scope: str = "",
+    wake_at: float | None = None,
+    signal: str | None = None,
+    state_bag: str | None = None,
+    consumed: tuple[int, ...] = (),
+    child: str | None = None,
+) -> SuspendCommit:
+    """A suspend of ``iid`` at ``now`` (seconds after T0), waking as the arguments say."""
+    return SuspendCommit(
+        instance_id=iid,
+        token=token,
+        now=at(now),
+        wake=Wake(
+            step_id=step_id,
+            scope=scope,
+            at=at(wake_at) if wake_at is not None else None,
+            signal=signal,
+        ),
+        state_bag=state_bag,
+        consumed=consumed,
+        child=child,
     )
