@@ -201,6 +201,31 @@ def test_a_signal_to_an_instance_that_has_ended_exits_4(db: str) -> None:
     assert len(inbox_of(db, iid)) == 1  # nothing kept
 
 
+def test_a_retried_delivery_to_an_instance_that_has_ended_is_a_duplicate_and_exits_0(
+    db: str,
+) -> None:
+    """R2.10: a webhook sender that retries on error gets a success; a new key still exits 4."""
+    iid = suspended(db)
+    first = flowx_(db, "signal", iid, "shipped", "--payload", SHIPPED, "--key", "hook-1")
+    assert first[0] == 0, first[2]
+    work(db)
+    assert record_of(db, iid).state is InstanceState.COMPLETED
+    code, out, err = flowx_(
+        db, "signal", iid, "shipped", "--payload", SHIPPED, "--key", "hook-1", "-o", "json"
+    )
+    assert code == 0, err
+    assert json.loads(out) == {
+        "instance_id": iid,
+        "name": "shipped",
+        "seq": 1,
+        "status": "duplicate",
+        "state": "Completed",
+    }
+    code, _, err = flowx_(db, "signal", iid, "shipped", "--payload", SHIPPED, "--key", "hook-2")
+    assert code == 4 and "already ended (Completed)" in err
+    assert len(inbox_of(db, iid)) == 1
+
+
 @pytest.mark.parametrize(
     ("payload", "says"),
     [

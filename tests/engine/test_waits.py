@@ -143,6 +143,12 @@ async def test_a_redelivered_signal_is_inert_and_says_so(host_factory: Any) -> N
     with pytest.raises(InstanceFinished) as info:
         await host.signal(handle.instance_id, "shipped", payload, key="delivery-8")
     assert info.value.state == "Completed"
+    with pytest.raises(InstanceFinished):
+        await host.signal(handle.instance_id, "shipped", payload)
+    # R2.10: but a sender retrying a delivery it already made gets its success.
+    retried = await host.signal(handle.instance_id, "shipped", payload, key="delivery-7")
+    assert (retried.status, retried.seq) == ("duplicate", first.seq)
+    assert retried.state is InstanceState.COMPLETED
     assert len(await host.store.waits.signals(handle.instance_id, "shipped")) == 1
     rows = await rows_of(host, handle.instance_id)
     assert len([r for r in rows if r.step_id == 2]) == 1
@@ -436,3 +442,84 @@ async def test_a_signal_after_its_wait_timed_out_is_late_and_kept_nowhere(
     assert list(await host.store.waits.signals(handle.instance_id, "shipped")) == []
     gates["reserve"].set()
     await handle.result(timeout=5)
+
+
+async def _race(host: flowx.FlowHost, iid: str, senders: int) -> list[str]:
+    """``senders`` keyless signals released at once; their statuses, sorted."""
+    start = asyncio.Barrier(senders)
+
+    async def send(n: int) -> str:
+        await start.wait()
+        payload = {"carrier": f"c{n}", "tracking": f"T{n}"}
+        return (await host.signal(iid, "shipped", payload)).status
+
+    return sorted(await asyncio.gather(*(send(n) for n in range(senders))))
+
+
+async def test_keyless_signals_racing_to_a_wait_that_happens_once_take_one(
+    host_factory: Any,
+) -> None:
+    """R2.10: eight keyless signals sent at once to a Suspended wait: one wakes it, seven are
+    ``duplicate`` and nothing of them is kept; the flow goes on with the one taken."""
+    plan = shipping_flow()
+    host = await host_factory(plan)
+    handle = await host.start(plan, Order(order_id="race"))
+    await until_state(host, handle.instance_id, InstanceState.SUSPENDED)
+    assert await _race(host, handle.instance_id, 8) == ["duplicate"] * 7 + ["woken"]
+    [kept] = await host.store.waits.signals(handle.instance_id, "shipped")
+    state = await handle.result(timeout=5)
+    assert state.shipment == Shipment.model_validate_json(kept.payload)
+
+
+def twice_flow() -> flowx.Plan:
+    return (
+        flowx.flow("wait.ship-twice", version="1", input=Order, state=OrderState)
+        .step(reserve, into="reservation")
+        .await_signal(
+            "shipped",
+            Shipment,
+            name="first-parcel",
+            timeout="1h",
+            on_timeout=lambda b: b.step(chase, into="note"),
+        )
+        .await_signal("shipped", Shipment, into="shipment", name="second-parcel")
+        .build()
+    )
+
+
+async def test_a_flow_that_waits_twice_keeps_two_signals_and_no_third(
+    host_factory: Any,
+) -> None:
+    """R2.10: two waits that happen once take two signals, so of three sent before the flow
+    reaches them two are kept and the third is a ``duplicate``."""
+    plan = twice_flow()
+    host = await host_factory(plan)
+    gates["reserve"] = asyncio.Event()
+    handle = await host.start(plan, Order(order_id="twice"))
+    while calls["reserve"] == 0:
+        await asyncio.sleep(0.01)
+    assert await _race(host, handle.instance_id, 3) == ["duplicate", "kept", "kept"]
+    gates["reserve"].set()
+    state = await handle.result(timeout=5)
+    inbox = await host.store.waits.signals(handle.instance_id, "shipped")
+    assert len(inbox) == 2
+    assert state.shipment == Shipment.model_validate_json(inbox[1].payload)
+
+
+async def test_a_wait_that_timed_out_leaves_no_room_for_a_second_signal(
+    host_factory: Any, clock: FakeClock
+) -> None:
+    """R2.10: after the first of two waits timed out, only one signal can still be taken:
+    of two sent at once to the second wait, one wakes it and one is a ``duplicate``."""
+    plan = twice_flow()
+    host = await host_factory(plan)
+    handle = await host.start(plan, Order(order_id="timed-out"))
+    await until_state(host, handle.instance_id, InstanceState.SUSPENDED)
+    clock.advance(hours=2)
+    assert (await host.timers.run_once()).woken == 1
+    record = await until_state(host, handle.instance_id, InstanceState.SUSPENDED)
+    assert record.wake_at is None  # now at the second wait, which has no timer
+    assert calls["chase"] == 1
+    assert await _race(host, handle.instance_id, 2) == ["duplicate", "woken"]
+    await handle.result(timeout=5)
+    assert len(await host.store.waits.signals(handle.instance_id, "shipped")) == 1

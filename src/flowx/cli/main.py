@@ -663,9 +663,10 @@ def signal(
     """Deliver the signal NAME to an instance.
 
     The signal is kept in the instance's inbox; if the instance is Suspended waiting for it,
-    it is woken — left Pending for any worker to run, not run here. Exits 3 if there is no
-    such instance, 4 if it has already ended, 2 if the flow never waits for NAME, the payload
-    does not fit, or --flows does not carry the flow.
+    it is woken — left Pending for any worker to run, not run here. A --key already delivered
+    is a duplicate (exit 0), even once the instance has ended. Exits 3 if there is no such
+    instance, 4 if it has already ended, 2 if the flow never waits for NAME, the payload does
+    not fit, or --flows does not carry the flow.
     """
     try:
         json.loads(payload)

@@ -1025,17 +1025,19 @@ class FlowHost:
         ``bytes`` payload is JSON text, as ``flowx signal --payload`` sends it.
 
         ``key`` makes a redelivery inert: a signal with a key already received writes
-        nothing and returns ``status="duplicate"``. So does any signal for a wait that can
-        happen only once (not inside a ``for_each``) and has already taken its signal
-        (``"late"`` if it timed out instead). A signal sent before the flow reaches its
+        nothing and returns ``status="duplicate"``, even after the instance has ended (a
+        webhook sender that retries on error gets its success). So does any signal for a wait
+        that can happen only once (not inside a ``for_each``) and has already taken its
+        signal, or has one waiting in the inbox: of signals racing to it, exactly one is kept
+        (``"late"`` if the wait timed out instead). A signal sent before the flow reaches its
         wait is kept (``"kept"``) and taken when it does. Raises ``InstanceNotFound``,
-        ``InstanceFinished`` (the instance has ended), ``FlowNotFound`` (this node does not
-        carry the flow, so cannot check the payload), or ``FlowXError`` with code
-        ``signal.unknown`` / ``signal.payload_invalid``.
+        ``InstanceFinished`` (the instance has ended and the signal is not a redelivery),
+        ``FlowNotFound`` (this node does not carry the flow, so cannot check the payload), or
+        ``FlowXError`` with code ``signal.unknown`` / ``signal.payload_invalid``.
         """
         stores = self._require_stores()
         record = await self.get(instance_id)
-        if record.state.terminal:  # checked again under the row lock by the store
+        if record.state.terminal and key is None:  # checked again under the row lock
             raise InstanceFinished(instance_id, record.state.value)
         plan = self.plan(record.flow_id, record.flow_version)
         waits = [n for n in walk(plan.body) if isinstance(n, AwaitSignalNode)]
@@ -1061,19 +1063,21 @@ class FlowHost:
                 f"signal {name!r} for {plan.ref} must be a {matching[0].payload_type!r}: {details}",
                 code="signal.payload_invalid",
             ) from exc
-        looped = {
-            n.step_id
-            for loop in walk(plan.body)
-            if isinstance(loop, ForEachNode)
-            for n in walk(loop.body)
-        }
-        waiting_now = record.state is InstanceState.SUSPENDED and record.wake_signal == name
-        if not waiting_now and all(n.step_id not in looped for n in matching):
-            # Each wait for this name happens once per instance: if all of them are over,
-            # the signal is a redelivery (or too late) and keeping it would only hide that.
-            ended = await self._ended_waits(instance_id, {n.step_id for n in matching})
-            if len(ended) == len(matching):
-                last = codec.loads(ended[-1].result)
+        limit: int | None = None
+        if not record.state.terminal and self._waits_happen_once(plan, matching):
+            # Each wait for this name happens once per instance, so the instance can take at
+            # most one signal per wait that has not timed out: the store counts its inbox
+            # against that under the lock that inserts (R2.10), so racing senders keep one.
+            waiting_now = record.state is InstanceState.SUSPENDED and record.wake_signal == name
+            ended: dict[int, StepRecord] = {}
+            if not waiting_now or len(matching) > 1:
+                ended = await self._ended_waits(instance_id, {n.step_id for n in matching})
+            timed_out = [r for r in ended.values() if codec.loads(r.result).get("timed_out")]
+            limit = len(matching) - len(timed_out)
+            if not waiting_now and len(ended) == len(matching):
+                # All of them are over: a redelivery (or too late), and keeping it would only
+                # hide that.
+                last = codec.loads(max(ended.values(), key=lambda r: r.sequence).result)
                 return SignalReceipt(
                     instance_id=instance_id,
                     name=name,
@@ -1083,7 +1087,7 @@ class FlowHost:
                 )
         try:
             receipt = await stores.waits.signal(
-                instance_id, name, codec.dumps(value), key=key, now=self.clock.now()
+                instance_id, name, codec.dumps(value), key=key, now=self.clock.now(), limit=limit
             )
         except UnknownInstance as exc:
             raise InstanceNotFound(instance_id) from exc
@@ -1091,9 +1095,23 @@ class FlowHost:
             self._background(self._resume_quietly(instance_id), name=f"flowx-wake-{instance_id}")
         return receipt
 
-    async def _ended_waits(self, instance_id: str, step_ids: set[int]) -> list[StepRecord]:
+    @staticmethod
+    def _waits_happen_once(plan: Plan, matching: list[AwaitSignalNode]) -> bool:
+        """No wait among ``matching`` is inside a ``for_each`` (which runs it per element)."""
+        looped = {
+            n.step_id
+            for loop in walk(plan.body)
+            if isinstance(loop, ForEachNode)
+            for n in walk(loop.body)
+        }
+        return all(n.step_id not in looped for n in matching)
+
+    async def _ended_waits(self, instance_id: str, step_ids: set[int]) -> dict[int, StepRecord]:
+        """The waits among ``step_ids`` that are over (took a signal or timed out), by id."""
         steps = await self._require_stores().journal.steps(instance_id)
-        return [r for r in steps if r.step_id in step_ids and r.outcome is Outcome.SUCCESS]
+        return {
+            r.step_id: r for r in steps if r.step_id in step_ids and r.outcome is Outcome.SUCCESS
+        }
 
     async def replay(
         self, instance_id: str, from_step: str | int, *, dry_run: bool = False

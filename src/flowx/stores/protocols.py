@@ -197,12 +197,29 @@ class WaitStore(Protocol):
         ...
 
     async def signal(
-        self, instance_id: str, name: str, payload: str, *, key: str | None, now: datetime
+        self,
+        instance_id: str,
+        name: str,
+        payload: str,
+        *,
+        key: str | None,
+        now: datetime,
+        limit: int | None = None,
     ) -> SignalReceipt:
         """Keep a signal in the instance's inbox; if the instance is Suspended waiting for
-        ``name``, make it ``Pending`` in the same write. A repeated ``key`` writes nothing and
-        says ``duplicate``. Raises ``UnknownInstance``, or ``InstanceFinished`` for an
-        instance in a terminal state (nothing is kept: no run would ever read it)."""
+        ``name``, make it ``Pending`` in the same write.
+
+        Decided in this order, all under one lock on the instance (R2.10): a ``key`` already
+        received writes nothing and says ``duplicate`` (with the first copy's seq), even once
+        the instance has ended, so a sender that retries gets its success; otherwise an
+        instance in a terminal state raises ``InstanceFinished`` (nothing is kept: no run would
+        ever read it); otherwise, with ``limit`` (the most signals of ``name`` the instance
+        can ever take: its waits for ``name`` that happen once and have not timed out), an
+        inbox that already holds ``limit`` signals of ``name`` writes nothing and says
+        ``duplicate`` (with the latest one's seq). Check and insert are one decision, so
+        signals racing to a wait that happens once leave exactly one kept. ``limit=None``:
+        no limit (a wait inside a ``for_each`` takes one per element). Raises
+        ``UnknownInstance``."""
         ...
 
     async def signals(self, instance_id: str, name: str) -> Sequence[SignalRecord]:

@@ -243,9 +243,9 @@ class SignalReceipt:
 
     ``woken``: the instance was Suspended waiting for it and is now ``Pending``; ``kept``: it
     waits in the inbox for the flow to reach the wait; ``duplicate``: a signal with this
-    ``key`` was already received, or the one wait for it has already taken a signal, and
-    nothing was written; ``late``: the one wait for it has already timed out (nothing
-    written).
+    ``key`` was already received (even if the instance has ended since), or every wait for it
+    that happens once has already taken a signal or has one waiting, and nothing was written;
+    ``late``: the one wait for it has already timed out (nothing written).
     """
 
     instance_id: str

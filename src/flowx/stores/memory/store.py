@@ -343,24 +343,35 @@ class MemoryWaits:
         return True
 
     async def signal(
-        self, instance_id: str, name: str, payload: str, *, key: str | None, now: datetime
+        self,
+        instance_id: str,
+        name: str,
+        payload: str,
+        *,
+        key: str | None,
+        now: datetime,
+        limit: int | None = None,
     ) -> SignalReceipt:
         d = self._d
         record = d.instances.get(instance_id)
         if record is None:
             raise UnknownInstance(instance_id)
-        if record.state.terminal:
+        inbox = [s for s in d.signals if (s.instance_id, s.name) == (instance_id, name)]
+        # R2.10, in this order and with no await in between: a redelivery (even after the
+        # end), an ended instance, then a wait that happens once already spoken for.
+        seen = next((s.seq for s in inbox if key is not None and s.key == key), None)
+        if seen is None and record.state.terminal:
             raise InstanceFinished(instance_id, record.state.value)
-        if key is not None:
-            for s in d.signals:
-                if (s.instance_id, s.name, s.key) == (instance_id, name, key):
-                    return SignalReceipt(
-                        instance_id=instance_id,
-                        name=name,
-                        seq=s.seq,
-                        status="duplicate",
-                        state=record.state,
-                    )
+        if seen is None and limit is not None and len(inbox) >= limit:
+            seen = inbox[-1].seq if inbox else 0
+        if seen is not None:
+            return SignalReceipt(
+                instance_id=instance_id,
+                name=name,
+                seq=seen,
+                status="duplicate",
+                state=record.state,
+            )
         d.signal_seq += 1
         d.signals.append(
             SignalRecord(

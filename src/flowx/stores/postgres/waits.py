@@ -56,15 +56,21 @@ LOCK_FOR_SIGNAL: Final[LiteralString] = (
     "SELECT state, wake_signal FROM flow_instance WHERE instance_id = %s FOR UPDATE"
 )
 # A signal's statement 2, after the lock (so its snapshot sees every delivery and every
-# suspend that committed before it): keep the signal unless the instance has ended or the key
-# was seen (flow_signal_key_idx), and wake the instance if it waits for this name — the keep
-# and the wake are one write. The payload goes in as json: kept byte for byte (R2.1). The
-# last column is the first copy's seq for a duplicate (this statement's own insert is not
-# visible to it). Sent with the lock and the COMMIT in one pipeline: one round trip.
+# suspend that committed before it): keep the signal unless the instance has ended, the key
+# was seen (flow_signal_key_idx) or the inbox already holds as many of this name as the
+# instance can ever take (flow_signal_inbox_idx; R2.10: counted under the lock, so racing
+# signals to a wait that happens once keep exactly one), and wake the instance if it waits
+# for this name — the keep and the wake are one write. The payload goes in as json: kept
+# byte for byte (R2.1). The last two columns are the first copy's seq for a repeated key and
+# the latest seq of the name (this statement's own insert is visible to neither). Sent with
+# the lock and the COMMIT in one pipeline: one round trip.
 DELIVER_SIGNAL: Final[LiteralString] = """
 WITH live AS (
     SELECT 1 FROM flow_instance WHERE instance_id = %(instance_id)s
        AND state NOT IN ('Completed', 'Failed', 'TimedOut', 'CompensationFailed')
+       AND (%(limit)s::int IS NULL
+            OR (SELECT count(*) FROM flow_signal
+                 WHERE instance_id = %(instance_id)s AND name = %(name)s) < %(limit)s::int)
 ), kept AS (
     INSERT INTO flow_signal (instance_id, name, key, payload, received_at)
     SELECT %(instance_id)s, %(name)s, %(key)s, %(payload)s::json, %(now)s FROM live
@@ -78,7 +84,8 @@ WITH live AS (
 )
 SELECT (SELECT seq FROM kept), (SELECT count(*) FROM woken),
        (SELECT seq FROM flow_signal WHERE instance_id = %(instance_id)s AND name = %(name)s
-         AND key = %(key)s)
+         AND key = %(key)s),
+       (SELECT max(seq) FROM flow_signal WHERE instance_id = %(instance_id)s AND name = %(name)s)
 """
 # flow_signal_inbox_idx, in seq order.
 SELECT_SIGNALS: Final[LiteralString] = (
@@ -156,7 +163,14 @@ class PostgresWaits:
             return await sealed.fetchone() is not None
 
     async def signal(
-        self, instance_id: str, name: str, payload: str, *, key: str | None, now: datetime
+        self,
+        instance_id: str,
+        name: str,
+        payload: str,
+        *,
+        key: str | None,
+        now: datetime,
+        limit: int | None = None,
     ) -> SignalReceipt:
         params = {
             "instance_id": instance_id,
@@ -164,6 +178,7 @@ class PostgresWaits:
             "key": key,
             "payload": payload,
             "now": now,
+            "limit": limit,
         }
         async with self._db.connection() as conn:
             async with conn.pipeline(), conn.transaction():
@@ -174,13 +189,21 @@ class PostgresWaits:
         if row is None:
             raise UnknownInstance(instance_id)
         state = InstanceState(row[0])
-        if state.terminal:
-            raise InstanceFinished(instance_id, state.value)
         assert outcome is not None
-        seq, woken, first = outcome
-        if seq is None:
+        seq, woken, first, last = outcome
+        if seq is None and first is not None:  # a redelivery, even after the end (R2.10)
             return SignalReceipt(
                 instance_id=instance_id, name=name, seq=int(first), status="duplicate", state=state
+            )
+        if state.terminal:
+            raise InstanceFinished(instance_id, state.value)
+        if seq is None:  # every wait for it that happens once is spoken for (R2.10)
+            return SignalReceipt(
+                instance_id=instance_id,
+                name=name,
+                seq=int(last or 0),
+                status="duplicate",
+                state=state,
             )
         return SignalReceipt(
             instance_id=instance_id,

@@ -50,6 +50,8 @@ SUSPEND: Final = (
 STATE_OF: Final = "SELECT state FROM flow_instance WHERE instance_id = ?"
 # flow_signal_key_idx.
 SIGNAL_BY_KEY: Final = "SELECT seq FROM flow_signal WHERE instance_id = ? AND name = ? AND key = ?"
+# How many of this name the inbox holds, and the latest (flow_signal_inbox_idx).
+INBOX_OF: Final = "SELECT count(*), max(seq) FROM flow_signal WHERE instance_id = ? AND name = ?"
 # The payload text is kept exactly as sent (R2.1).
 INSERT_SIGNAL: Final = (
     "INSERT INTO flow_signal (instance_id, name, key, payload, received_at) "
@@ -144,25 +146,37 @@ class SqliteWaits:
         return await self._db.write(tx)
 
     async def signal(
-        self, instance_id: str, name: str, payload: str, *, key: str | None, now: datetime
+        self,
+        instance_id: str,
+        name: str,
+        payload: str,
+        *,
+        key: str | None,
+        now: datetime,
+        limit: int | None = None,
     ) -> SignalReceipt:
+        def duplicate(seq: int, state: InstanceState) -> SignalReceipt:
+            return SignalReceipt(
+                instance_id=instance_id, name=name, seq=seq, status="duplicate", state=state
+            )
+
         def tx(conn: sqlite3.Connection) -> SignalReceipt:
             row = conn.execute(STATE_OF, (instance_id,)).fetchone()
             if row is None:
                 raise UnknownInstance(instance_id)
             state = InstanceState(row[0])
-            if state.terminal:
-                raise InstanceFinished(instance_id, state.value)
-            if key is not None:
+            if key is not None:  # a redelivery, even after the end (R2.10)
                 found = conn.execute(SIGNAL_BY_KEY, (instance_id, name, key)).fetchone()
                 if found is not None:
-                    return SignalReceipt(
-                        instance_id=instance_id,
-                        name=name,
-                        seq=found[0],
-                        status="duplicate",
-                        state=state,
-                    )
+                    return duplicate(found[0], state)
+            if state.terminal:
+                raise InstanceFinished(instance_id, state.value)
+            if limit is not None:
+                # R2.10: counted in the same write transaction as the insert below, so racing
+                # signals to a wait that happens once keep exactly one.
+                held, last = conn.execute(INBOX_OF, (instance_id, name)).fetchone()
+                if held >= limit:
+                    return duplicate(last or 0, state)
             seq = conn.execute(
                 INSERT_SIGNAL, (instance_id, name, key, payload, to_text(now))
             ).fetchone()[0]

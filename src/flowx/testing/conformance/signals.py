@@ -1,7 +1,8 @@
 """``WaitStore.signal`` conformance: what a signal keeps, wakes, and answers (R2.10).
 
 Split from the wait suite (``WaitStoreConformance`` inherits it) so each stays small: every
-store must keep a signal and its wake-up in one write.
+store must keep a signal and its wake-up in one write, and decide ``duplicate`` under the same
+lock as the insert, so that concurrent senders cannot each see room for one more.
 """
 
 from __future__ import annotations
@@ -111,6 +112,87 @@ class SignalConformance:
         assert list(await stores.waits.signals(iid, "go")) == []
         got = await stores.journal.get(iid)
         assert (got.state, got.updated_at) == (state, at(1))
+
+    async def test_signals_racing_to_a_wait_that_happens_once_keep_exactly_one(
+        self, stores: Any
+    ) -> None:
+        """R2.10: eight keyless signals sent at once to a wait that happens once (``limit=1``)
+        leave one kept (it wakes the instance) and seven ``duplicate``: the inbox count and
+        the insert are one decision. They are released together so that, on a server, they
+        are in flight on their own connections at the same time."""
+        iid = await _make(stores)
+        await stores.waits.suspend(_suspend(iid, signal="go"))
+        # A pool grows on demand: eight reads at once leave it with connections to spare.
+        await asyncio.gather(*(stores.journal.get(iid) for _ in range(8)))
+        start = asyncio.Barrier(8)
+
+        async def send(n: int) -> Any:
+            await start.wait()  # all eight leave together
+            return await stores.waits.signal(
+                iid, "go", f'{{"n":{n}}}', key=None, now=at(6 + n), limit=1
+            )
+
+        receipts = await asyncio.gather(*(send(n) for n in range(8)))
+        taken = [r for r in receipts if r.status != "duplicate"]
+        assert [r.status for r in taken] == ["woken"], [r.status for r in receipts]
+        assert sorted(r.status for r in receipts).count("duplicate") == 7
+        [kept] = await stores.waits.signals(iid, "go")
+        assert kept.seq == taken[0].seq
+        assert {r.seq for r in receipts} == {kept.seq}  # each duplicate names the one kept
+        assert (await stores.journal.get(iid)).state is InstanceState.PENDING
+
+    async def test_a_limit_counts_every_signal_of_the_name_kept_so_far(self, stores: Any) -> None:
+        """R2.10: with two waits that happen once, two signals are kept (taken or not), and
+        a third — keyless or with a new key — is a ``duplicate`` naming the latest; a
+        repeated key still names its own first copy. Other names are not counted."""
+        iid = await _make(stores)
+        one = await stores.waits.signal(iid, "go", '{"n":1}', key="a", now=at(1), limit=2)
+        await stores.waits.signal(iid, "other", "{}", key=None, now=at(2), limit=1)
+        two = await stores.waits.signal(iid, "go", '{"n":2}', key=None, now=at(3), limit=2)
+        assert (one.status, two.status) == ("kept", "kept")
+        for key in (None, "new"):
+            full = await stores.waits.signal(iid, "go", '{"n":3}', key=key, now=at(4), limit=2)
+            assert (full.status, full.seq, full.state) == (
+                "duplicate",
+                two.seq,
+                InstanceState.RUNNING,
+            )
+        again = await stores.waits.signal(iid, "go", '{"n":1}', key="a", now=at(5), limit=2)
+        assert (again.status, again.seq) == ("duplicate", one.seq)
+        rows = await stores.waits.signals(iid, "go")
+        assert [(r.seq, r.payload) for r in rows] == [(one.seq, '{"n":1}'), (two.seq, '{"n":2}')]
+        # No limit (a wait inside a for_each) keeps them all.
+        more = await stores.waits.signal(iid, "go", '{"n":4}', key=None, now=at(6))
+        assert more.status == "kept"
+
+    @pytest.mark.parametrize("limit", [None, 1])
+    async def test_a_redelivered_key_is_a_duplicate_even_after_the_instance_ended(
+        self, stores: Any, limit: int | None
+    ) -> None:
+        """R2.10: a webhook that retries a delivery after the instance ended gets a success
+        (``duplicate``, the first copy's seq); a new key or no key is still refused."""
+        iid = await _make(stores)
+        await stores.waits.suspend(_suspend(iid, signal="go"))
+        first = await stores.waits.signal(iid, "go", '{"n":1}', key="hook-1", now=at(6))
+        assert first.status == "woken"
+        await stores.journal.commit(
+            StepCommit(instance_id=iid, token=1, now=at(7), state=InstanceState.COMPLETED)
+        )
+        again = await stores.waits.signal(
+            iid, "go", '{"n":1}', key="hook-1", now=at(8), limit=limit
+        )
+        assert (again.status, again.seq, again.state) == (
+            "duplicate",
+            first.seq,
+            InstanceState.COMPLETED,
+        )
+        for key in ("hook-2", None):
+            with pytest.raises(InstanceFinished) as refused:
+                await stores.waits.signal(iid, "go", '{"n":2}', key=key, now=at(9), limit=limit)
+            assert refused.value.state == "Completed"
+        assert [r.seq for r in await stores.waits.signals(iid, "go")] == [first.seq]
+        got = await stores.journal.get(iid)
+        assert (got.state, got.updated_at) == (InstanceState.COMPLETED, at(7))
 
     async def test_the_inbox_is_in_arrival_order_and_byte_for_byte(self, stores: Any) -> None:
         a = await _make(stores)
