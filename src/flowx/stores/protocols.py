@@ -351,7 +351,9 @@ class ChangeFeed(Protocol):
         ...
 
     async def read(self, consumer: str, *, limit: int = 500) -> ChangeBatch:
-        """Up to ``limit`` events after the consumer's cursor, in order. Raises
+        """Up to ``limit`` events after the consumer's cursor, in order. An event that has
+        committed may first show in a later read, never be skipped: on PostgreSQL nothing is
+        read past a transaction that can still stage events in the store's schema. Raises
         ``UnknownConsumer`` for a consumer never subscribed."""
         ...
 

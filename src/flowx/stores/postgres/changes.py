@@ -1,9 +1,33 @@
 """Change subscriptions on PostgreSQL (R2.14), and the outbox purge they hold back (R2.13).
 
-The cursor is ``(staged_xid, staged_seq)``, read only below the oldest running transaction
-(migration 0006 says why ``staged_seq`` alone would skip events). A long-running writing
-transaction anywhere in the database therefore holds subscriptions back until it ends; it
-delays them, it never makes them miss an event.
+The cursor is ``(staged_xid, staged_seq)``, read only below a *horizon* (migration 0006 says
+why ``staged_seq`` alone would skip events): every event staged below it has committed, or
+never will be, so a cursor that passes it never skips a late commit.
+
+The oldest running transaction (``pg_snapshot_xmin``) would be such a horizon, but
+transaction ids are the whole server's: any writing transaction, in any schema or database,
+would hold every feed back for as long as it ran. The horizon is the oldest running
+transaction *that can still stage here*, found in the same statement as the read:
+
+- the statement's own snapshot lists the transactions running when it began;
+- ``pg_locks``, read afterwards in one call, tells which of them are still running (their
+  ``transactionid`` lock) and whether each holds a lock on a relation of this schema;
+- one that is still running and holds none is passed over: it will never stage here.
+
+That last step rests on one invariant, which every statement FlowX sends keeps: **a
+transaction that stages outbox rows in this schema holds a lock on a relation of this schema
+from before its transaction id is assigned until it ends.** Each staging is one statement on
+this schema's tables (``commit.py``), which locks every table it names before it writes its
+first row, and a transaction's id is assigned by its first write; a relation's lock is held
+to the end. (Code that first wrote elsewhere, or rolled back to a savepoint past its first
+write here, and then staged, would break it: never stage that way.) Anything not proven to be
+elsewhere counts — a transaction that ended between the snapshot and ``pg_locks`` holds one
+read back; nothing is ever skipped.
+
+What remains: a transaction that has an id and holds a lock on this schema (a FlowX commit, a
+publisher's claim, a migration, or any session that wrote something and read or wrote these
+tables in the same transaction) holds the feed back until it ends; one elsewhere on the
+server does not.
 """
 
 from __future__ import annotations
@@ -18,7 +42,30 @@ from flowx.stores.postgres.database import PostgresDatabase
 from flowx.stores.postgres.outbox import _COLUMNS, event_record
 from flowx.stores.records import ChangeBatch, OutboxPurge
 
-HORIZON: Final[LiteralString] = "pg_snapshot_xmin(pg_current_snapshot())"
+# The horizon, one scalar subquery. ``locks`` is one call of pg_locks, read only when some
+# transaction is running: one view, because a transaction seen running in one call and
+# lockless in another may have ended in between. (pg_locks reads the fast-path locks before
+# the main table, so a transactionid lock it shows belongs to a transaction that was running
+# when its fast-path locks were read.) ``x`` is passed over only when it is still running and
+# its virtual transaction holds no lock on a relation of this schema (current_schema(): the
+# search_path names it) in this database.
+HORIZON: Final[LiteralString] = """(
+WITH snap AS (SELECT pg_current_snapshot() AS s),
+locks AS MATERIALIZED (
+    SELECT locktype, transactionid, virtualtransaction, database, relation FROM pg_locks
+)
+SELECT least(pg_snapshot_xmax(snap.s), (
+    SELECT min(x) FROM pg_snapshot_xip(snap.s) AS x
+     WHERE NOT EXISTS (
+        SELECT 1 FROM locks t
+         WHERE t.locktype = 'transactionid' AND t.transactionid = x::xid
+           AND NOT EXISTS (
+               SELECT 1 FROM locks r JOIN pg_class c ON c.oid = r.relation
+                WHERE r.virtualtransaction = t.virtualtransaction AND r.locktype = 'relation'
+                  AND r.database = (SELECT oid FROM pg_database
+                                     WHERE datname = current_database())
+                  AND c.relnamespace = current_schema()::regnamespace))))
+  FROM snap)"""
 
 SUBSCRIBE: Final[LiteralString] = (
     "INSERT INTO change_cursor (consumer, last_staged_seq, last_staged_xid, updated_at) "
