@@ -5,13 +5,45 @@ kept, floats as Python's shortest round-trip ``repr``. One encoder, never mixed 
 library's float printing (``1e-07`` vs ``1e-7``), so bytes written today compare equal to bytes
 written by a later release. Rows carry ``CODEC_VERSION`` so the encoding can change without
 rewriting history. Never pickle.
+
+**What the journal cannot store is refused here, before anything is committed (SPEC R9.5).**
+A value that reached the driver and failed there would fail the whole commit (and, on
+PostgreSQL, a group-commit batch with it), leave the step to be re-run by recovery, and fail
+again. So ``dumps`` refuses, naming the field (``result.items[3].name``) and what to do:
+
+- a ``str``, value or key, holding a lone surrogate (``"\\ud800"``): UTF-8 cannot encode it, so
+  neither PostgreSQL nor SQLite can store it, and replacing it with U+FFFD would change data;
+- NaN and Infinity: JSON has no form for them;
+- a value that JSON could hold only by changing it: a ``set`` (no order: the same value would
+  be stored as differently ordered lists), an iterator or generator (storing it consumes it),
+  ``bytes`` (stored as text, read back as ``str``), a ``dict`` key that is not a ``str`` (``1``
+  would be stored as ``"1"`` and read back as a string);
+- anything else with no JSON form.
+
+Tuples are stored as arrays (order kept). The documented inputs — pydantic models, dataclasses,
+``datetime``/``date``/``time``/``timedelta``, ``UUID``, ``Decimal``, ``Enum`` — are converted by
+their own (pydantic) serialiser: their declared types are the contract, and validation reads
+them back (a field declared ``set[str]`` or ``dict[int, str]`` comes back as declared). What
+that serialiser produces is checked like any other value.
+
+The check is cheap: plain values are scanned once without building paths, the encoded text is
+tested for surrogates in one C-level pass, and the slow walk that names the field runs only
+when something is wrong.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from typing import Any
+import math
+from collections.abc import Iterator
+from datetime import date, datetime, time, timedelta
+from decimal import Decimal
+from enum import Enum
+from typing import Any, Final
+from uuid import UUID
 
+from pydantic import BaseModel
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from flowx.errors import SerialisationError
@@ -22,6 +54,23 @@ _encoder = json.JSONEncoder(
     sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=False
 )
 
+#: Types stored exactly as they are (floats are checked for NaN by the encoder).
+_SCALARS: Final = frozenset({str, int, float, bool, type(None)})
+#: Types whose own serialiser is the contract (their declared types read them back).
+_DECLARED: Final = (BaseModel, datetime, date, time, timedelta, UUID, Decimal, Enum)
+#: How deep the field-naming walk goes; deeper (or self-containing) values are refused.
+MAX_DEPTH: Final = 200
+#: Containers the fast scan looks at before handing over to the walk that names fields; it
+#: also bounds the scan of a value that contains itself.
+_SCAN_BUDGET: Final = 100_000
+
+_PLAIN, _HAS_DECLARED, _SUSPECT = 0, 1, 2
+
+_WHAT_TO_DO = (
+    "return a pydantic model, a dataclass or plain JSON values "
+    "(str, int, float, bool, None, list, dict with str keys)"
+)
+
 
 def to_json_value(value: Any) -> Any:
     """Turn a pydantic model, dataclass, datetime, UUID, ... into plain JSON values."""
@@ -29,25 +78,247 @@ def to_json_value(value: Any) -> Any:
         return to_jsonable_python(value)
     except (PydanticSerializationError, TypeError, ValueError) as exc:
         raise SerialisationError(
-            f"{type(value).__name__} has no JSON form ({exc}); return a pydantic model, "
-            "a dataclass or plain JSON values (str, int, float, bool, None, list, dict)"
+            f"{type(value).__name__} has no JSON form ({exc}); {_WHAT_TO_DO}"
         ) from exc
 
 
-def dumps(value: Any) -> str:
-    """Encode ``value`` canonically; raise ``SerialisationError`` naming what was wrong."""
-    plain = to_json_value(value)
+def dumps(
+    value: Any, *, root: str = "value", code: str | None = None, context: str | None = None
+) -> str:
+    """Encode ``value`` canonically, or raise ``SerialisationError`` naming the field under
+    ``root`` (``result``, ``input``, ``payload``, ``state`` ...) that cannot be stored as is
+    and what to do (R9.5). ``context`` says whose value it is (``step 'x': the result of
+    cap@1``) and ``code`` is the refusal's error code there (``step.result_unstorable``)."""
+    if context is None:
+        return _encode(value, root)
     try:
-        return _encoder.encode(plain)
-    except ValueError as exc:  # NaN / Infinity
-        raise SerialisationError(
-            f"value cannot be stored as JSON: {exc}; NaN and Infinity have no JSON form, "
-            "store them as null or a string"
-        ) from exc
-    except TypeError as exc:
-        raise SerialisationError(f"value cannot be stored as JSON: {exc}") from exc
+        return _encode(value, root)
+    except SerialisationError as exc:
+        raise refused(exc, context, code or exc.code) from exc
+
+
+def _encode(value: Any, root: str) -> str:
+    kind = _scan(value)
+    if kind == _PLAIN:
+        plain = value
+    else:
+        if kind == _SUSPECT:
+            _refuse_if_found(value, root, raw=True)
+        try:
+            plain = to_jsonable_python(value)
+        except (PydanticSerializationError, TypeError, ValueError) as exc:
+            raise SerialisationError(
+                f"{root} ({type(value).__name__}) has no JSON form ({exc}); {_WHAT_TO_DO}",
+                path=root,
+            ) from exc
+    try:
+        text = _encoder.encode(plain)
+    except (ValueError, RecursionError) as exc:  # NaN / Infinity, a cycle, too deep
+        _refuse_if_found(plain, root, raw=False)
+        raise SerialisationError(f"{root} cannot be stored as JSON: {exc}", path=root) from exc
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:  # a lone surrogate, in a value or a key
+            _refuse_if_found(plain, root, raw=False)
+            raise SerialisationError(  # pragma: no cover - the walk finds every surrogate
+                f"{root} holds a lone surrogate UTF-8 cannot encode", path=root
+            ) from exc
+    return text
 
 
 def loads(text: str) -> Any:
     """Decode a stored payload. Stored payloads are trusted: they were written by ``dumps``."""
     return json.loads(text)
+
+
+def text(value: str, *, root: str, code: str | None = None, context: str | None = None) -> str:
+    """``value``, checked for a text column (an idempotency key, a partition key, a signal
+    key): a lone surrogate cannot be encoded, and PostgreSQL ``text`` cannot hold NUL (R9.5).
+    ``code`` and ``context`` as for ``dumps``."""
+    if context is None:
+        return _text(value, root)
+    try:
+        return _text(value, root)
+    except SerialisationError as exc:
+        raise refused(exc, context, code or exc.code) from exc
+
+
+def _text(value: str, root: str) -> str:
+    if "\x00" in value:
+        raise SerialisationError(
+            f"{root} {value!r} holds a NUL character at index {value.index(chr(0))}, which "
+            "PostgreSQL text cannot store; remove it",
+            path=root,
+        )
+    at = _surrogate_at(value)
+    if at is not None:
+        raise SerialisationError(f"{root} {_surrogate_problem(value, at)}", path=root)
+    return value
+
+
+def refused(exc: SerialisationError, context: str, code: str) -> SerialisationError:
+    """``exc`` said from where it happened: ``step 'x': the result of cap@1 cannot be stored:
+    ...``, with the caller's error ``code`` (``step.result_unstorable``) and the same path."""
+    return SerialisationError(f"{context} cannot be stored: {exc}", code=code, path=exc.path)
+
+
+def printable(message: str) -> str:
+    """``message`` with lone surrogates escaped, so an error message quoting an unstorable
+    value can itself be stored (a failure row's payload must always be storable)."""
+    if message.isascii():
+        return message
+    return message.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+# -- the fast scan -------------------------------------------------------------------------
+
+
+def _scan(value: Any) -> int:
+    """``_PLAIN`` when ``value`` is nothing but plain JSON containers and scalars (encode it
+    as it is), ``_HAS_DECLARED`` when it also holds models, datetimes ... (pydantic converts
+    them), ``_SUSPECT`` when it holds anything else, to be judged by the walk that names it.
+    No paths are built: this runs on every step commit."""
+    if type(value) in _SCALARS:
+        return _PLAIN
+    stack = [value]
+    declared = False
+    budget = _SCAN_BUDGET
+    scalars = _SCALARS
+    while stack:
+        v = stack.pop()
+        t = type(v)
+        if t in scalars:
+            continue
+        budget -= 1
+        if budget < 0:
+            return _SUSPECT
+        if t is dict:
+            for k in v:
+                if type(k) is not str:
+                    return _SUSPECT
+            stack.extend(v.values())
+        elif t is list or t is tuple:
+            stack.extend(v)
+        elif isinstance(v, _DECLARED) or _is_dataclass_instance(v):
+            declared = True
+        else:
+            return _SUSPECT
+    return _HAS_DECLARED if declared else _PLAIN
+
+
+def _is_dataclass_instance(v: Any) -> bool:
+    return dataclasses.is_dataclass(v) and not isinstance(v, type)
+
+
+# -- the walk that names the field (errors only) -------------------------------------------
+
+
+def _refuse_if_found(value: Any, root: str, *, raw: bool) -> None:
+    """Raise ``SerialisationError`` for the first field of ``value`` that cannot be stored.
+
+    ``raw``: ``value`` is what the caller gave (sets, bytes, non-str keys may be in it);
+    otherwise it is already plain JSON values and only strings and floats can be wrong.
+    """
+    path: list[str] = [root]
+    problem = _problem(value, path, 0, raw)
+    if problem is not None:
+        # A cycle's path would be MAX_DEPTH steps long: keep its start, which locates it.
+        where = "".join(path) if len(path) <= 12 else "".join(path[:12]) + "..."
+        raise SerialisationError(f"{where} {problem}", path=where)
+
+
+def _problem(v: Any, path: list[str], depth: int, raw: bool) -> str | None:
+    """Why ``v`` cannot be stored as is, or ``None``; on a problem ``path`` ends at it."""
+    if isinstance(v, str):
+        at = _surrogate_at(v)
+        return None if at is None else _surrogate_problem(v, at)
+    if isinstance(v, bool | int) or v is None:
+        return None
+    if isinstance(v, float):
+        if math.isfinite(v):
+            return None
+        return f"is {v!r}: NaN and Infinity have no JSON form; store null or a string instead"
+    if depth >= MAX_DEPTH:
+        return f"is nested more than {MAX_DEPTH} levels deep, or contains itself"
+    if isinstance(v, dict):
+        for k, item in v.items():
+            if not isinstance(k, str):
+                return (
+                    f"has the key {k!r} ({type(k).__name__}): JSON keys are strings, so it "
+                    f"would be stored as {_key_text(k)!r} and read back as a str; use str "
+                    "keys, or a pydantic model that declares the key type"
+                )
+            at = _surrogate_at(k)
+            if at is not None:
+                return f"has the key {k!r}, which {_surrogate_problem(k, at)}"
+            path.append(_field(k))
+            found = _problem(item, path, depth + 1, raw)
+            if found is not None:
+                return found
+            path.pop()
+        return None
+    if isinstance(v, list | tuple):
+        for index, item in enumerate(v):
+            path.append(f"[{index}]")
+            found = _problem(item, path, depth + 1, raw)
+            if found is not None:
+                return found
+            path.pop()
+        return None
+    if not raw:  # pragma: no cover - plain JSON values are all handled above
+        return None
+    return _raw_problem(v)
+
+
+def _raw_problem(v: Any) -> str | None:
+    """A value that is not plain JSON: refused if storing it would change it."""
+    kind = type(v).__name__
+    if isinstance(v, set | frozenset):
+        return (
+            f"is a {kind}: a set has no order, so one value would be stored as differently "
+            "ordered lists; store a sorted list (or declare the field set[...] on a model)"
+        )
+    if isinstance(v, bytes | bytearray | memoryview):
+        return f"is {kind}: JSON has no bytes; decode it to str, or base64-encode it"
+    if isinstance(v, _DECLARED) or _is_dataclass_instance(v):
+        return None  # its own serialiser is the contract; its output is checked after
+    if isinstance(v, Iterator):
+        return (
+            f"is a {kind}: storing it would consume it, and the value would be lost; return a list"
+        )
+    try:
+        to_jsonable_python(v)
+    except (PydanticSerializationError, TypeError, ValueError) as exc:
+        return f"({kind}) has no JSON form ({exc}); {_WHAT_TO_DO}"
+    return None
+
+
+def _surrogate_at(s: str) -> int | None:
+    if s.isascii():
+        return None
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None
+
+
+def _surrogate_problem(s: str, at: int) -> str:
+    return (
+        f"holds a lone surrogate {s[at]!r} at index {at}, which UTF-8 (and so the journal) "
+        "cannot store; it usually comes from bytes decoded with errors='surrogateescape' or "
+        "from half of a \\uXXXX pair: decode strictly, or replace it before storing"
+    )
+
+
+def _field(key: str) -> str:
+    return f".{key}" if key.isidentifier() else f"[{key!r}]"
+
+
+def _key_text(key: Any) -> str:
+    """The string a non-str key would have been stored as, had it been converted quietly."""
+    try:
+        return str(next(iter(to_jsonable_python({key: 0}))))
+    except (PydanticSerializationError, TypeError, ValueError):
+        return str(key)

@@ -77,9 +77,20 @@ class InputInvalid(FlowXError):
 
 
 class SerialisationError(FlowXError):
-    """A value cannot be written as canonical JSON (NaN, an object with no JSON form, ...)."""
+    """A value cannot be written as canonical JSON (NaN, an object with no JSON form, ...),
+    or could be only by changing it (a lone surrogate, a set, a non-str key): SPEC R9.5.
+
+    ``path`` names the field (``result.items[3].name``) when it is known. Where the value
+    came from sets the ``code``: ``step.result_unstorable``, ``flow.input_unstorable``,
+    ``signal.payload_unstorable``, ``emit.payload_unstorable``; ``flowx.not_serialisable``
+    from the codec itself.
+    """
 
     code = "flowx.not_serialisable"
+
+    def __init__(self, message: str, *, code: str | None = None, path: str | None = None) -> None:
+        super().__init__(message, code=code)
+        self.path = path
 
 
 class NonDeterminismError(FlowXError):
