@@ -252,7 +252,8 @@ async def test_an_unserialisable_result_fails_the_step_without_retrying(host_fac
     handle = await host.start(plan, Order(order_id="o7"))
     with pytest.raises(flowx.FlowFailed) as failed:
         await handle.result()
-    assert failed.value.error["code"] == "flowx.not_serialisable"
+    # R9.5: a result the journal cannot store fails its own step with this code, naming it.
+    assert failed.value.error["code"] == "step.result_unstorable"
     assert "NaN" in failed.value.error["message"]
     assert calls["bad_result"] == 1
 

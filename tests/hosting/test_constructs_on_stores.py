@@ -1,9 +1,10 @@
 """Every wait, saga and composition construct, on the embedded and the production journal.
 
 The engine tests (``tests/engine/test_waits.py``, ``test_compensation_failure.py``,
-``test_sub_flows_and_forks.py``, ``test_saga_edges.py``) are written against the
-``memory_store`` fixture. Here that fixture is a real SQLite file and a real PostgreSQL schema
-instead, and the same tests run unmodified: a construct that works only in memory fails here.
+``test_sub_flows_and_forks.py``, ``test_saga_edges.py``, ``test_unstorable_values.py``) are
+written against the ``memory_store`` fixture. Here that fixture is a real SQLite file and a real
+PostgreSQL schema instead, and the same tests run unmodified: a construct that works only in
+memory fails here.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from tests.engine.test_saga_edges import *  # noqa: F403
 from tests.engine.test_saga_edges import _reset as _reset_edges  # noqa: F401
 from tests.engine.test_sub_flows_and_forks import *  # noqa: F403
 from tests.engine.test_sub_flows_and_forks import _reset as _reset_compositions  # noqa: F401
+from tests.engine.test_unstorable_values import *  # noqa: F403
+from tests.engine.test_unstorable_values import _reset as _reset_unstorable  # noqa: F401
 from tests.engine.test_waits import *  # noqa: F403
 from tests.engine.test_waits import _reset as _reset_waits  # noqa: F401
 from tests.postgres_support import PG_DSN

@@ -81,6 +81,8 @@ CHILD_NAMESPACE = uuid.UUID("0c5e7a1d-93f4-4b2e-8d6a-5f1b2c3d4e70")
 DEADLINE_EXCEEDED = "flow.deadline_exceeded"
 #: The event staged with a CompensationFailed transition: the alert, kept durably (SPEC §8).
 COMPENSATION_FAILED_EVENT = "flowx.compensation_failed"
+#: R9.5: a result the journal cannot store (or the state it makes) fails its own step, once.
+RESULT_UNSTORABLE = "step.result_unstorable"
 
 
 def compensable(node: StepNode | SubFlowNode) -> bool:
@@ -295,12 +297,16 @@ def error_payload(exc: BaseException, *, retryable: bool | None = None) -> dict[
         retryable = not isinstance(
             exc, NonRetryableError | SerialisationError | ValidationError | NonDeterminismError
         )
-    return {
+    payload: dict[str, Any] = {
         "type": type(exc).__qualname__,
-        "message": str(exc)[:4000],
+        # R9.5: a failure row must be storable even when its message quotes a value that is not.
+        "message": codec.printable(str(exc)[:4000]),
         "code": getattr(exc, "code", None),
         "retryable": retryable,
     }
+    if isinstance(exc, SerialisationError) and exc.path is not None:
+        payload["field"] = codec.printable(exc.path)
+    return payload
 
 
 def _exhausted(failures: list[dict[str, Any]], policy: Retry) -> bool:
@@ -473,7 +479,7 @@ class Execution:
         step: StepWrite,
         *,
         apply: tuple[str | None, Any] | None = None,
-        prepared: tuple[BaseModel, BaseModel] | None = None,
+        prepared: tuple[BaseModel, BaseModel, str | None] | None = None,
         snapshot: bool = False,
         events: tuple[EventWrite, ...] = (),
         state: InstanceState | None = None,
@@ -481,13 +487,15 @@ class Execution:
     ) -> None:
         """Commit one row. ``apply=(into, value)`` puts a result into the state under the
         commit lock, so concurrent fork branches never overwrite each other's fields.
-        ``prepared=(base, new)`` is that state already computed from ``base``: used as is
-        when no other branch moved the state meanwhile (always, outside a fork)."""
+        ``prepared=(base, new, bag)`` is that state (and its encoding, if known) already
+        computed from ``base``: used as is when no other branch moved the state meanwhile
+        (always, outside a fork)."""
         async with self._lock:
+            bag = None
             if apply is None:
                 new_state = self.state
             elif prepared is not None and prepared[0] is self.state:
-                new_state = prepared[1]
+                new_state, bag = prepared[1], prepared[2]
             else:
                 new_state = self._applied(*apply)
             wants_bag = snapshot or (apply is not None and apply[0] is not None)
@@ -495,7 +503,7 @@ class Execution:
             try:
                 await self.commit(
                     step=step,
-                    state_bag=codec.dumps(new_state) if wants_bag else None,
+                    state_bag=(bag or codec.dumps(new_state)) if wants_bag else None,
                     events=events,
                     state=state,
                     error=codec.dumps(error) if error is not None else None,
@@ -854,10 +862,17 @@ class Execution:
             started = time.monotonic()
             try:
                 raw = await cap.invoke(ctx, argument, self._executor)
-                text = codec.dumps(raw)
+                # R9.5: checked here, so an unstorable result fails this step, never the commit.
+                whose = f"step {node.name!r}: the result of {cap.ref}"
+                text = codec.dumps(raw, root="result", code=RESULT_UNSTORABLE, context=whose)
                 value = codec.loads(text)
                 base = self.state
                 new_state = self._applied(node.into, value)  # the result must fit its field
+                bag = (
+                    codec.dumps(new_state, root="state", code=RESULT_UNSTORABLE, context=whose)
+                    if node.into is not None
+                    else None
+                )
             except Exception as exc:
                 if isinstance(exc, ValidationError):
                     exc = FlowXError(
@@ -886,7 +901,7 @@ class Execution:
                 key,
                 self._row(node, cap, scope, attempt, Outcome.SUCCESS, text, ctx, started),
                 apply=(node.into, value),
-                prepared=(base, new_state),
+                prepared=(base, new_state, bag),
                 snapshot=final,
                 state=InstanceState.COMPLETED if final else None,
             )
@@ -944,6 +959,8 @@ class Execution:
             payload = contract.encode(built)
             if node.partition_key is not None:
                 partition_key = node.partition_key(source, self.state)
+                if partition_key is not None:  # R9.5: a text column, checked before the commit
+                    partition_key = codec.text(str(partition_key), root="partition_key")
             else:
                 partition_key = self.tenant_id
         except Exception as exc:

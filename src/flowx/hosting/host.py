@@ -40,6 +40,7 @@ from flowx.errors import (
     InstanceNotFound,
     NonDeterminismError,
     NonRetryableError,
+    SerialisationError,
 )
 from flowx.hosting.alerts import AlertSink, LoggingAlertSink
 from flowx.hosting.clock_offset import ClockWatch, JournalClock
@@ -49,6 +50,7 @@ from flowx.hosting.lease import DurableLease, LeaseKeeper
 from flowx.hosting.recovery import RecoveryScanResult, RecoveryService, ResumeVerdict
 from flowx.hosting.replay import ReplayPlan, plan_replay
 from flowx.hosting.settings import HostSettings
+from flowx.hosting.storable import signal_payload, start_input, tenant_key
 from flowx.hosting.timers import TimerService
 from flowx.metrics import COMPENSATION_FAILED, DEADLINE_EXCEEDED
 from flowx.outbox import EventPublisher, OutboxPublisher
@@ -640,7 +642,9 @@ class FlowHost:
         self._require_accepting()
         plan = self.plan(flow, version)
         value = self._validate_input(plan, input)
-        input_text = codec.dumps(value)
+        input_text = start_input(
+            plan, value, idempotency_key=idempotency_key, correlation_id=correlation_id
+        )
         if not plan.durable:
             return await self._start_ephemeral(plan, value)
         stores = self._require_stores()
@@ -662,7 +666,7 @@ class FlowHost:
             input=input_text,
             state_bag=codec.dumps(plan.state_model()),
             state=InstanceState.RUNNING if run_here else InstanceState.PENDING,
-            tenant_id=None if tenant is None else str(tenant),
+            tenant_id=tenant_key(plan, tenant),
             idempotency_key=idempotency_key,
             correlation_id=correlation_id,
             deadline_at=now + plan.deadline if plan.deadline else None,
@@ -687,11 +691,16 @@ class FlowHost:
             tenant = plan.partition_key(value) if plan.partition_key is not None else None
         except Exception as exc:
             raise InputInvalid(plan.flow_id, f"partition_key raised {exc!r}") from exc
+        try:  # R9.5: refused before anything is written; the parent's sub_flow step fails
+            input_text = codec.dumps(value, root="input")
+            tenant = tenant_key(plan, tenant)
+        except SerialisationError as exc:
+            raise InputInvalid(plan.flow_id, str(exc)) from exc
         new = NewInstance(
             instance_id=instance_id,
             flow_id=plan.flow_id,
             flow_version=plan.version,
-            input=codec.dumps(value),
+            input=input_text,
             state_bag=codec.dumps(plan.state_model()),
             state=InstanceState.RUNNING if self._accepting else InstanceState.PENDING,
             tenant_id=parent.tenant_id if tenant is None else str(tenant),
@@ -1063,6 +1072,7 @@ class FlowHost:
                 f"signal {name!r} for {plan.ref} must be a {matching[0].payload_type!r}: {details}",
                 code="signal.payload_invalid",
             ) from exc
+        text = signal_payload(plan, name, value, key=key)  # R9.5: refused before any write
         limit: int | None = None
         if not record.state.terminal and self._waits_happen_once(plan, matching):
             # Each wait for this name happens once per instance, so the instance can take at
@@ -1087,7 +1097,7 @@ class FlowHost:
                 )
         try:
             receipt = await stores.waits.signal(
-                instance_id, name, codec.dumps(value), key=key, now=self.clock.now(), limit=limit
+                instance_id, name, text, key=key, now=self.clock.now(), limit=limit
             )
         except UnknownInstance as exc:
             raise InstanceNotFound(instance_id) from exc

@@ -14,11 +14,13 @@ from typing import Any, TypeVar, cast
 from pydantic import BaseModel
 
 from flowx import codec
-from flowx.errors import FlowXError
+from flowx.errors import FlowXError, SerialisationError
 
 M = TypeVar("M", bound=type[BaseModel])
 
 REDACTED = "[redacted]"
+#: An emit whose event cannot be stored (SPEC R9.5).
+EMIT_UNSTORABLE = "emit.payload_unstorable"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -28,12 +30,18 @@ class EventContract:
     sensitive: frozenset[str]
 
     def encode(self, event: BaseModel) -> str:
-        plain = codec.to_json_value(event)
+        """The stored payload, sensitive fields redacted. R9.5: an event the journal cannot
+        store fails its emit step (``emit.payload_unstorable``), never the commit."""
+        whose = f"event {self.type!r}"
+        try:
+            plain = codec.to_json_value(event)
+        except SerialisationError as exc:
+            raise codec.refused(exc, whose, EMIT_UNSTORABLE) from exc
         if isinstance(plain, dict):
             for name in self.sensitive:
                 if name in plain:
                     plain[name] = REDACTED
-        return codec.dumps(plain)
+        return codec.dumps(plain, root="event", code=EMIT_UNSTORABLE, context=whose)
 
 
 def event(

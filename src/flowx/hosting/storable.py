@@ -1,0 +1,47 @@
+"""R9.5 at the host's doors: what a start or a signal would store is checked before anything
+is written, so a value the journal cannot store is refused with an error naming its field
+instead of failing at the driver half-way through (or, for a start, leaving a lease behind).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+from flowx import codec
+from flowx.plan.model import Plan
+
+#: A start whose input (or idempotency key, correlation id, partition key) cannot be stored.
+INPUT_UNSTORABLE = "flow.input_unstorable"
+#: A signal whose payload (or key) cannot be stored.
+SIGNAL_UNSTORABLE = "signal.payload_unstorable"
+
+
+def start_input(
+    plan: Plan, value: BaseModel, *, idempotency_key: str | None, correlation_id: str | None
+) -> str:
+    """The input's stored text; ``SerialisationError`` (``flow.input_unstorable``) names the
+    field of the input, or the key, that cannot be stored."""
+    whose = f"the start of {plan.ref}"
+    for root, key in (("idempotency_key", idempotency_key), ("correlation_id", correlation_id)):
+        if key is not None:
+            codec.text(key, root=root, code=INPUT_UNSTORABLE, context=whose)
+    return codec.dumps(value, root="input", code=INPUT_UNSTORABLE, context=whose)
+
+
+def tenant_key(plan: Plan, key: Any) -> str | None:
+    """The partition key ``plan.partition_key`` gave, as the text column it is stored in."""
+    if key is None:
+        return None
+    whose = f"the start of {plan.ref}"
+    return codec.text(str(key), root="partition_key", code=INPUT_UNSTORABLE, context=whose)
+
+
+def signal_payload(plan: Plan, name: str, value: Any, *, key: str | None) -> str:
+    """A signal's stored payload; ``SerialisationError`` (``signal.payload_unstorable``)
+    names the field of the payload, or the key, that cannot be stored."""
+    whose = f"signal {name!r} for {plan.ref}"
+    if key is not None:
+        codec.text(key, root="key", code=SIGNAL_UNSTORABLE, context=whose)
+    return codec.dumps(value, root="payload", code=SIGNAL_UNSTORABLE, context=whose)
