@@ -1,13 +1,18 @@
 """Group commit on PostgreSQL: many instances per statement, each commit still its own
-(R2.3, R2.4, R6.2)."""
+(R2.3, R2.4, R6.2, R9.5)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
 
 import flowx
 from flowx.stores.postgres import PostgresStores
+from flowx.stores.postgres.commit import isolatable
 from flowx.stores.records import StepCommit
 from flowx.testing.conformance._support import at, event, instance, step
 from tests.postgres_support import PG_DSN
@@ -82,3 +87,93 @@ async def test_a_duplicate_in_a_batch_fails_alone(pg_schema: Callable[[], str]) 
         assert len(await j.steps(ids[7])) == 1
     finally:
         await stores.close()
+
+
+@pytest.mark.parametrize(
+    ("culprit", "refused_as"),
+    [
+        # Refused by the server: text the `json` type does not accept (a DataError).
+        ({"step": step(1, result='{"half": ')}, psycopg.DataError),
+        # Refused by the driver before anything is sent: NUL in text, a lone surrogate.
+        ({"step": step(1), "state_bag": '"a\x00b"'}, psycopg.DataError),
+        ({"step": step(1), "events": (event(payload='"\ud800"'),)}, UnicodeEncodeError),
+    ],
+    ids=["server-json", "client-nul", "client-surrogate"],
+)
+async def test_a_value_the_database_refuses_fails_alone_and_its_batch_commits_once(
+    pg_schema: Callable[[], str], culprit: dict[str, Any], refused_as: type[Exception]
+) -> None:
+    """R9.5: one commit whose data PostgreSQL (or psycopg) refuses fails the batched
+    statement; the batch is retried commit by commit, so only that commit gets the error and
+    every neighbour commits untouched, exactly once. (The codec refuses such values before
+    they get here; this is the seam behind it, driven with a hand-made StepCommit.)"""
+    stores = PostgresStores(PG_DSN, schema=pg_schema())
+    await stores.open()
+    try:
+        j = stores.journal
+        ids = [
+            (await j.create(instance(), token=1, now=at(0))).instance.instance_id for _ in range(40)
+        ]
+        bad = 30  # the first commits go out alone; this one is in the batch behind them
+
+        def commit_of(n: int, iid: str) -> StepCommit:
+            if n == bad:
+                return StepCommit(instance_id=iid, token=1, now=at(2), **culprit)
+            return StepCommit(
+                instance_id=iid,
+                token=1,
+                now=at(2),
+                step=step(1, result=f'{{"n":{n}}}'),
+                state_bag=f'{{"n":{n}}}',
+                events=(event(key=iid),),
+            )
+
+        results = await asyncio.gather(
+            *(j.commit(commit_of(n, iid)) for n, iid in enumerate(ids)),
+            return_exceptions=True,
+        )
+        group = j._group  # type: ignore[attr-defined]
+        assert group.fallbacks >= 1  # the culprit's batch really failed as a whole
+        assert isinstance(results[bad], refused_as), results[bad]
+        record = await j.get(ids[bad])
+        assert record is not None
+        assert (record.next_sequence, record.state_bag) == (1, "{}")
+        assert list(await j.steps(ids[bad])) == [] and list(await j.events(ids[bad])) == []
+        for n, (iid, outcome) in enumerate(zip(ids, results, strict=True)):
+            if n == bad:
+                continue
+            assert outcome == 1, (n, outcome)
+            record = await j.get(iid)
+            assert record is not None
+            assert (record.next_sequence, record.state_bag) == (2, f'{{"n":{n}}}')
+            assert [(s.sequence, s.result) for s in await j.steps(iid)] == [(1, f'{{"n":{n}}}')]
+            assert len(await j.events(iid)) == 1
+    finally:
+        await stores.close()
+
+
+@pytest.mark.parametrize(
+    ("exc", "alone"),
+    [
+        (psycopg.errors.InvalidTextRepresentation("json"), True),
+        (psycopg.errors.UntranslatableCharacter("\\u0000"), True),
+        (psycopg.DataError("NUL"), True),
+        (psycopg.errors.UniqueViolation("dup"), True),
+        (psycopg.errors.DeadlockDetected("deadlock"), True),
+        (psycopg.errors.SerializationFailure("serialise"), True),
+        (UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed"), True),
+        (psycopg.OperationalError("server closed the connection"), False),
+        (psycopg.errors.QueryCanceled("statement timeout"), False),
+        (psycopg.errors.AdminShutdown("terminating"), False),
+        (psycopg.InterfaceError("connection is closed"), False),
+        (TimeoutError(), False),
+        (ConnectionResetError(), False),
+    ],
+    ids=lambda v: type(v).__name__ if isinstance(v, Exception) else str(v),
+)
+def test_only_an_error_about_one_commits_data_is_retried_commit_by_commit(
+    exc: Exception, alone: bool
+) -> None:
+    """R9.5: the batch is re-sent commit by commit only when it certainly wrote nothing; a
+    connection lost or a statement cancelled leaves its outcome unknown, for recovery."""
+    assert isolatable(exc) is alone

@@ -13,8 +13,10 @@ next batch, because two rows for one instance in one UPDATE would apply only one
 The batched statement locks the instances in id order (so two nodes' batches cannot deadlock
 on each other), checks each token against its instance's fence, and writes only the rows that
 pass: one commit refused by its fence leaves the rest of the batch untouched. If the batch
-fails as a whole (a duplicate step row, a deadlock), every commit in it is retried alone, so
-each gets its own exact outcome.
+fails as a whole because of what one commit holds (a duplicate step row, a value PostgreSQL or
+the driver refuses, a deadlock), every commit in it is retried alone, so each gets its own
+exact outcome and only the culprit fails (R9.5). A lost connection fails the batch as a whole:
+its outcome is unknown, and recovery re-reads the journal before anything re-runs.
 
 At low load a commit goes out at once, alone; batches form only while earlier ones are in
 flight, which is exactly when waiting costs nothing.
@@ -265,6 +267,29 @@ def batch_params(commits: list[StepCommit]) -> dict[str, Any]:
 _Item = tuple[StepCommit, "asyncio.Future[int | None]"]
 
 
+def isolatable(exc: Exception) -> bool:
+    """Whether a batch that raised ``exc`` wrote nothing and may be retried commit by commit.
+
+    True for an error about the data of one commit (R9.5): anything the server refused with
+    the statement (``DataError`` — an invalid byte sequence, an untranslatable character, text
+    the ``json`` type refuses —, ``IntegrityError``, ...), a deadlock or serialisation failure
+    (the transaction was rolled back), and a ``str`` the driver could not encode (nothing was
+    sent). False for anything else — a connection that failed, a statement cancelled or timed
+    out (``OperationalError``, ``InterfaceError``, ``TimeoutError``, ``OSError``): whether the
+    batch committed is unknown, so it is not sent again.
+    """
+    if isinstance(  # rolled back; psycopg makes these plain OperationalErrors, so named here
+        exc,
+        psycopg.errors.DeadlockDetected
+        | psycopg.errors.SerializationFailure
+        | psycopg.errors.TransactionRollback,
+    ):
+        return True
+    if isinstance(exc, psycopg.DatabaseError):
+        return not isinstance(exc, psycopg.OperationalError)
+    return isinstance(exc, UnicodeError)
+
+
 class GroupCommitter:
     """Queues commits and sends them in batches, at most ``max_inflight`` at a time."""
 
@@ -279,6 +304,8 @@ class GroupCommitter:
         self._tasks: set[asyncio.Task[None]] = set()
         self.batches = 0
         self.batched_commits = 0
+        #: Batches that failed on one commit's data and were retried commit by commit.
+        self.fallbacks = 0
 
     async def commit(self, commit: StepCommit) -> int | None:
         future: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
@@ -326,11 +353,10 @@ class GroupCommitter:
                     rows = await (
                         await conn.execute(COMMIT_BATCH, batch_params([c for c, _ in batch]))
                     ).fetchall()
-                except (
-                    psycopg.errors.IntegrityError,
-                    psycopg.errors.DeadlockDetected,
-                    psycopg.errors.SerializationFailure,
-                ) as exc:
+                except Exception as exc:
+                    if not isolatable(exc):
+                        raise
+                    self.fallbacks += 1
                     log.debug("group commit of %d fell back to single commits: %s", len(batch), exc)
                 else:
                     self.batches += 1
