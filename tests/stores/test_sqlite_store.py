@@ -10,6 +10,7 @@ import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -172,3 +173,57 @@ async def _init(path: Path) -> None:
     stores = SqliteStores(path)
     await stores.open()
     await stores.close()
+
+
+async def test_a_value_sqlite_refuses_fails_alone_and_its_batch_commits_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """R9.5: one write in a group commit whose data the driver refuses (a lone surrogate, as
+    a codec gap would let through) is rolled back to its savepoint alone; every neighbour in
+    the same BEGIN ... COMMIT commits untouched, exactly once."""
+    stores = SqliteStores(tmp_path / "batch.db")
+    await stores.open()
+    try:
+        j = stores.journal
+        ids = [
+            (await j.create(instance(), token=1, now=at(0))).instance.instance_id for _ in range(20)
+        ]
+        sizes: list[int] = []
+        real = stores.db._write_batch
+
+        def spy(batch: Any) -> Any:
+            sizes.append(len(batch))
+            return real(batch)
+
+        monkeypatch.setattr(stores.db, "_write_batch", spy)
+        bad = 7
+        results = await asyncio.gather(
+            *(
+                j.commit(
+                    StepCommit(
+                        instance_id=iid,
+                        token=1,
+                        now=at(1),
+                        step=step(1, result='"\ud800"' if n == bad else f'{{"n":{n}}}'),
+                        state_bag=f'{{"n":{n}}}',
+                    )
+                )
+                for n, iid in enumerate(ids)
+            ),
+            return_exceptions=True,
+        )
+        assert sizes == [len(ids)]  # one BEGIN ... COMMIT held the culprit and its neighbours
+        assert isinstance(results[bad], UnicodeEncodeError)
+        culprit = await j.get(ids[bad])
+        assert culprit is not None and (culprit.next_sequence, culprit.state_bag) == (1, "{}")
+        assert list(await j.steps(ids[bad])) == []
+        for n, (iid, outcome) in enumerate(zip(ids, results, strict=True)):
+            if n == bad:
+                continue
+            assert outcome == 1, (n, outcome)
+            record = await j.get(iid)
+            assert record is not None
+            assert (record.next_sequence, record.state_bag) == (2, f'{{"n":{n}}}')
+            assert [s.result for s in await j.steps(iid)] == [f'{{"n":{n}}}']
+    finally:
+        await stores.close()
