@@ -35,6 +35,7 @@ from flowx.errors import DeadLetterNotFound, FlowNotFound, FlowXError, InstanceN
 from flowx.hosting.host import FlowHost
 from flowx.hosting.replay import ReplayPlan
 from flowx.hosting.settings import HostSettings
+from flowx.hosting.storable import INPUT_UNSTORABLE, SIGNAL_UNSTORABLE
 from flowx.hosting.stores import DEFAULT_URL, from_url
 from flowx.hosting.worker import configure_logging, load_flows, serve
 from flowx.plan.model import Plan, walk
@@ -60,8 +61,17 @@ EXIT_ILLEGAL_STATE = 4
 
 #: FlowX error codes that mean "the instance is not in a state where that can be done".
 _ILLEGAL_STATE_CODES = frozenset({"instance.illegal_state", "instance.finished"})
-#: FlowX error codes that mean "what was asked is malformed": fix the command line.
-_USAGE_CODES = frozenset({"signal.unknown", "signal.payload_invalid", "cli.flow_not_carried"})
+#: FlowX error codes that mean "what was asked is malformed": fix the command line. A value
+#: the journal cannot store (R9.5) is one: nothing was written, and the same value never will be.
+_USAGE_CODES = frozenset(
+    {
+        "signal.unknown",
+        "signal.payload_invalid",
+        "cli.flow_not_carried",
+        INPUT_UNSTORABLE,
+        SIGNAL_UNSTORABLE,
+    }
+)
 
 _NOT_FOUND: tuple[type[FlowXError], ...] = (
     InstanceNotFound,
