@@ -59,7 +59,7 @@ _SCALARS: Final = frozenset({str, int, float, bool, type(None)})
 #: Types whose own serialiser is the contract (their declared types read them back).
 _DECLARED: Final = (BaseModel, datetime, date, time, timedelta, UUID, Decimal, Enum)
 #: How deep the field-naming walk goes; deeper (or self-containing) values are refused.
-MAX_DEPTH: Final = 200
+MAX_DEPTH: Final = 500
 #: Containers the fast scan looks at before handing over to the walk that names fields; it
 #: also bounds the scan of a value that contains itself.
 _SCAN_BUDGET: Final = 100_000
