@@ -1,0 +1,87 @@
+"""The canonical codec's refusals (SPEC R9.5), unit by unit; what they do to a running flow is
+in ``test_unstorable_values.py``."""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from datetime import UTC, datetime
+from decimal import Decimal
+from enum import StrEnum
+from typing import Any
+from uuid import UUID
+
+import pytest
+from pydantic import BaseModel
+
+from flowx import codec
+from flowx.errors import SerialisationError
+
+
+class Colour(StrEnum):
+    RED = "red"
+
+
+class Line(BaseModel):
+    sku: str
+    price: Decimal
+    tags: set[str] = set()
+
+
+def canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def test_plain_values_are_encoded_exactly_as_before() -> None:
+    """R9.5 adds checks, never a change of bytes: the fast path is the same encoder."""
+    value = {"b": [1, 2.5, None, True, "é", {"z": 10**30}], "a": "x\x00y", "c": -0.0}
+    assert codec.dumps(value) == canonical(value)
+    assert codec.dumps((1, "two")) == '[1,"two"]'
+
+
+def test_declared_types_go_through_their_serialiser() -> None:
+    """Models, datetimes, UUIDs, Decimals, enums, str-subclass keys: the documented inputs."""
+    value = {
+        "line": Line(sku="A", price=Decimal("1.10"), tags={"only"}),
+        "at": datetime(2024, 5, 1, tzinfo=UTC),
+        "id": UUID(int=1),
+        "colour": Colour.RED,
+        "by_colour": OrderedDict({Colour.RED: 1}),
+    }
+    assert json.loads(codec.dumps(value)) == {
+        "line": {"sku": "A", "price": "1.10", "tags": ["only"]},
+        "at": "2024-05-01T00:00:00Z",
+        "id": "00000000-0000-0000-0000-000000000001",
+        "colour": "red",
+        "by_colour": {"red": 1},
+    }
+
+
+def test_a_value_that_contains_itself_is_refused_with_a_short_path() -> None:
+    loop: list[Any] = []
+    loop.append(loop)
+    with pytest.raises(SerialisationError) as refused:
+        codec.dumps({"loop": loop}, root="result")
+    assert "contains itself" in str(refused.value)
+    assert refused.value.path is not None and refused.value.path.startswith("result.loop[0]")
+    assert refused.value.path.endswith("...") and len(refused.value.path) < 60
+
+
+@pytest.mark.parametrize(
+    ("key", "says"),
+    [("a\x00b", "NUL character at index 1"), ("ab\ud800", "lone surrogate '\\ud800' at index 2")],
+)
+def test_text_for_a_text_column_refuses_nul_and_surrogates(key: str, says: str) -> None:
+    assert codec.text("plain key é", root="key") == "plain key é"
+    with pytest.raises(SerialisationError) as refused:
+        codec.text(key, root="key", code="signal.payload_unstorable", context="signal 's'")
+    assert refused.value.code == "signal.payload_unstorable"
+    assert refused.value.path == "key"
+    assert str(refused.value).startswith("signal 's' cannot be stored: key ")
+    assert says in str(refused.value)
+
+
+def test_an_error_message_quoting_an_unstorable_value_is_itself_storable() -> None:
+    message = codec.printable("bad value 'x\ud800' in é")
+    assert message == "bad value 'x\\ud800' in é"
+    assert codec.dumps({"message": message})  # does not raise
