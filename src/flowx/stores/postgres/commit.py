@@ -32,7 +32,7 @@ from typing import Any, Final, LiteralString
 import psycopg
 
 from flowx.stores.errors import DuplicateStep, FencedOut, UnknownInstance
-from flowx.stores.postgres.database import PostgresDatabase, unavailable
+from flowx.stores.postgres.database import PostgresDatabase
 from flowx.stores.records import StepCommit
 
 log = logging.getLogger("flowx.postgres")
@@ -347,8 +347,8 @@ class GroupCommitter:
             self._dispatch()
 
     async def _execute(self, batch: list[_Item]) -> None:
-        async with self._db.connection() as conn:
-            if len(batch) > 1:
+        if len(batch) > 1:
+            async with self._db.connection() as conn:
                 try:
                     rows = await (
                         await conn.execute(COMMIT_BATCH, batch_params([c for c, _ in batch]))
@@ -358,28 +358,29 @@ class GroupCommitter:
                         raise
                     self.fallbacks += 1
                     log.debug("group commit of %d fell back to single commits: %s", len(batch), exc)
-                else:
-                    self.batches += 1
-                    self.batched_commits += len(batch)
-                    for (commit, future), (_, fence, seq) in zip(batch, rows, strict=True):
-                        if future.done():
-                            continue
-                        if fence is None:
-                            future.set_exception(UnknownInstance(commit.instance_id))
-                        elif seq is None:
-                            future.set_exception(
-                                FencedOut(commit.instance_id, commit.token, int(fence))
-                            )
-                        else:
-                            future.set_result(int(seq) if commit.step is not None else None)
-                    return
-            for commit, future in batch:
-                if future.done():
-                    continue
-                try:
+                    rows = None
+            if rows is not None:
+                self.batches += 1
+                self.batched_commits += len(batch)
+                for (commit, future), (_, fence, seq) in zip(batch, rows, strict=True):
+                    if future.done():
+                        continue
+                    if fence is None:
+                        future.set_exception(UnknownInstance(commit.instance_id))
+                    elif seq is None:
+                        future.set_exception(
+                            FencedOut(commit.instance_id, commit.token, int(fence))
+                        )
+                    else:
+                        future.set_result(int(seq) if commit.step is not None else None)
+                return
+        for commit, future in batch:
+            if future.done():
+                continue
+            # Each single commit on a connection (and a deadline, R9.1) of its own: a long
+            # fallback never outlives one deadline, and one unanswered commit fails alone.
+            try:
+                async with self._db.connection() as conn:
                     future.set_result(await commit_one(conn, commit))
-                except psycopg.OperationalError as exc:
-                    # Translated here too: this error never leaves the connection block.
-                    future.set_exception(unavailable(self._db.dsn, exc))
-                except Exception as exc:
-                    future.set_exception(exc)
+            except Exception as exc:
+                future.set_exception(exc)
