@@ -353,7 +353,16 @@ class GroupCommitter:
                 try:
                     future.set_result(await commit_one(conn, commit))
                 except psycopg.OperationalError as exc:
-                    # Translated here too: this error never leaves the connection block.
+                    if conn.broken or conn.closed:
+                        # The connection is gone (the deadline severed it, the server went
+                        # away), and with it every commit still to go on it. The connection
+                        # block translates the error: ``JournalNoAnswer`` (outcome unknown)
+                        # past the deadline, ``JournalUnavailable`` otherwise; ``_run`` hands
+                        # it to this commit and to every one after it.
+                        raise
+                    # The server refused this commit alone (a row lock held past
+                    # lock_timeout, statement_timeout): nothing written, retryable, and the
+                    # connection serves the rest.
                     future.set_exception(unavailable(self._db.dsn, exc))
                 except Exception as exc:
                     future.set_exception(exc)
