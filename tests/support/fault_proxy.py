@@ -10,6 +10,17 @@ to the target. Its mode can be changed at any moment, affecting new *and* open c
   forwarded; open connections stall with their bytes held, not dropped, so when the proxy
   forwards again they are delivered late — as TCP retransmission delivers them after a heal.
 - ``await proxy.delay(seconds)``: forward every chunk after ``seconds``.
+- ``await proxy.withhold_replies()``: an answer that never comes (R9.1). On every connection
+  open now, requests still reach the server (so it executes them, and a COMMIT lands), but
+  nothing it sends back is delivered; the connection stays open. New connections are not
+  affected: a pooler that lost one server session keeps serving fresh ones.
+- ``proxy.withhold_next_reply(when=...)``: the same fault on exactly one connection: the next
+  one to send a request (for which ``when(chunk)`` holds, if given: a PostgreSQL client may
+  prepare a statement in a round trip of its own before executing it). Returns an event set
+  once it is caught, so a test can aim the fault at one round trip (a step's commit) without
+  guessing which pooled connection will carry it.
+
+``forward()`` delivers withheld replies too, late, as a healed peer would.
 
 Used only with loopback addresses: it is a test fixture, not a network tool.
 """
@@ -20,6 +31,7 @@ import asyncio
 import contextlib
 import socket
 import struct
+from collections.abc import Callable
 from typing import Literal
 
 Mode = Literal["forward", "refuse", "blackhole"]
@@ -46,9 +58,13 @@ class _Connection:
         self.upstream: asyncio.StreamWriter | None = None
         self.tasks: set[asyncio.Task[None]] = set()
         self.cut = False
+        #: Clear while the server's replies on this connection are withheld.
+        self.replies = asyncio.Event()
+        self.replies.set()
 
     def reset(self) -> None:
         self.cut = True
+        self.replies.set()
         _reset(self.client)
         if self.upstream is not None:
             _reset(self.upstream)
@@ -72,6 +88,9 @@ class FaultProxy:
         self._handlers: set[asyncio.Task[None]] = set()
         self._flowing = asyncio.Event()
         self._flowing.set()
+        #: Armed by ``withhold_next_reply``: set when the next request's connection is caught.
+        self._trap: asyncio.Event | None = None
+        self._trap_when: Callable[[bytes], bool] | None = None
 
     async def __aenter__(self) -> FaultProxy:
         await self.start()
@@ -116,10 +135,39 @@ class FaultProxy:
     # -- modes ---------------------------------------------------------------------------
 
     async def forward(self) -> None:
-        """Pass bytes through again; stalled connections deliver what they held."""
+        """Pass bytes through again; stalled connections deliver what they held, and
+        withheld replies are delivered."""
         self.mode, self.delay_seconds = "forward", 0.0
+        self._trap = None
         await self._listen()
         self._flowing.set()
+        for conn in list(self._connections):
+            conn.replies.set()
+
+    async def withhold_replies(self) -> int:
+        """Every connection open now: requests go through, replies never come back (until
+        ``forward()``). Returns how many connections were caught."""
+        caught = 0
+        for conn in list(self._connections):
+            if not conn.cut:
+                conn.replies.clear()
+                caught += 1
+        return caught
+
+    def withhold_next_reply(self, when: Callable[[bytes], bool] | None = None) -> asyncio.Event:
+        """Withhold the replies of the next connection to send a request (one for which
+        ``when(chunk)`` holds), and only its, from that request on.
+
+        Synchronous on purpose: arm it and release what makes the request in one step, with
+        no await between them for another task's request to slip in."""
+        self._trap = asyncio.Event()
+        self._trap_when = when
+        return self._trap
+
+    @property
+    def withheld(self) -> int:
+        """Open connections whose replies are being withheld."""
+        return sum(1 for c in self._connections if not c.replies.is_set())
 
     async def refuse(self) -> None:
         """The target is down: refuse new connections and reset the open ones."""
@@ -165,8 +213,8 @@ class FaultProxy:
             if conn.cut:
                 raise _Cut
             pumps = [
-                asyncio.create_task(self._pump(conn, reader, up_writer)),
-                asyncio.create_task(self._pump(conn, up_reader, writer)),
+                asyncio.create_task(self._pump(conn, reader, up_writer, reply=False)),
+                asyncio.create_task(self._pump(conn, up_reader, writer, reply=True)),
             ]
             conn.tasks.update(pumps)
             # When either direction ends, the connection ends.
@@ -187,13 +235,30 @@ class FaultProxy:
                         w.close()
 
     async def _pump(
-        self, conn: _Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self,
+        conn: _Connection,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        *,
+        reply: bool,
     ) -> None:
         with contextlib.suppress(_Cut, OSError):
             while True:
                 data = await reader.read(_CHUNK)
                 if not data:
                     return
+                if (
+                    not reply
+                    and self._trap is not None
+                    and (self._trap_when is None or self._trap_when(data))
+                ):
+                    # Caught before the request is forwarded: its reply cannot slip through.
+                    trap, self._trap = self._trap, None
+                    conn.replies.clear()
+                    trap.set()
+                if reply:
+                    # Held, not dropped: the server has sent it; the client never sees it.
+                    await conn.replies.wait()
                 await self._gate(conn)
                 if self.delay_seconds:
                     await asyncio.sleep(self.delay_seconds)
