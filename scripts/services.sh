@@ -31,6 +31,7 @@ ensure() {  # name port needed-program start-command...
 }
 
 failed=0
+bash "$(dirname "$0")/test-tools.sh" || failed=1
 ensure PostgreSQL 5432 pg_ctlcluster bash -c \
   'pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n 1)" main start' || failed=1
 ensure Redis 6379 redis-server redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" \

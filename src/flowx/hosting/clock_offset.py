@@ -44,7 +44,7 @@ class ClockOffset:
     def describe(self) -> str:
         seconds = self.offset.total_seconds()
         way = "behind" if seconds > 0 else "ahead of"
-        return f"this node's clock is {abs(seconds):.3f}s {way} {self.store}'s"
+        return f"this node's clock is {abs(seconds):.3f}s {way} the clock of {self.store}"
 
 
 async def measure(stores: Stores, clock: Clock) -> list[ClockOffset]:
@@ -67,8 +67,8 @@ def check(offsets: list[ClockOffset], limit: timedelta) -> None:
         if abs(o.offset) > limit:
             raise ClockSkewError(
                 f"{o.describe()}; FlowX tolerates {limit.total_seconds():g}s (a third of "
-                "lease_ttl, or max_clock_offset). Fix this machine's time synchronisation "
-                "(NTP/chrony) and start it again"
+                "lease_ttl, or max_clock_offset / FLOWX_MAX_CLOCK_OFFSET). Fix this "
+                "machine's time synchronisation (NTP/chrony) and start it again"
             )
 
 

@@ -736,7 +736,6 @@ class FlowHost:
         instance_id = new.instance_id
         idempotency_key = new.idempotency_key
         ttl = self.settings.lease_ttl
-        now = self.clock.now()
         sent = time.monotonic()
         created: CreateResult | None = None
         if isinstance(stores, LeasedCreate):
@@ -764,7 +763,11 @@ class FlowHost:
         durable = self._hold(stores, lease, sent)
         if created is None:
             try:
-                created = await stores.journal.create(new, token=lease.token, now=now)
+                # The store's clock, as for the lease (R9.2): ``updated_at`` is what the
+                # recovery scan's idle filter reads if this node dies before its first commit.
+                created = await stores.journal.create(
+                    new, token=lease.token, now=self.clock.store_time()
+                )
             except BaseException:
                 await durable.release()
                 raise

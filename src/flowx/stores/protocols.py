@@ -42,11 +42,16 @@ from flowx.stores.records import (
 class FlowJournal(Protocol):
     """**Protocol:** the append-only journal of instances and their step boundaries."""
 
-    async def create(self, instance: NewInstance, *, token: int, now: datetime) -> CreateResult:
+    async def create(
+        self, instance: NewInstance, *, token: int, now: datetime | None
+    ) -> CreateResult:
         """Insert the instance row with ``fence = token``.
 
         If the instance id, or ``(flow_id, idempotency_key)``, already exists, write nothing
-        and return the existing row with ``created=False`` (R4.1).
+        and return the existing row with ``created=False`` (R4.1). ``now=None`` stamps
+        ``created_at``/``updated_at`` with the store's clock (R9.2): the recovery scan's idle
+        filter reads ``updated_at``, so a node ahead of it that creates an instance and dies
+        must not push its recovery back by its skew.
         """
         ...
 

@@ -60,7 +60,10 @@ class MemoryJournal:
     def __init__(self, data: _Data) -> None:
         self._d = data
 
-    async def create(self, instance: NewInstance, *, token: int, now: datetime) -> CreateResult:
+    async def create(
+        self, instance: NewInstance, *, token: int, now: datetime | None
+    ) -> CreateResult:
+        now = or_process_now(now)
         d = self._d
         existing = d.instances.get(instance.instance_id)
         if existing is None and instance.idempotency_key is not None:

@@ -78,7 +78,8 @@ INSERT_INSTANCE: Final[LiteralString] = (
     "VALUES (%(instance_id)s, %(flow_id)s, %(flow_version)s, %(tenant_id)s, %(state)s, "
     "%(token)s, %(input)s::json, %(state_bag)s::json, %(idempotency_key)s, "
     "%(correlation_id)s, %(deadline_at)s, %(parent_instance_id)s, %(parent_scope)s, "
-    "%(parent_step_id)s, %(codec_version)s, %(now)s, %(now)s) "
+    "%(parent_step_id)s, %(codec_version)s, coalesce(%(now)s::timestamptz, now()), "
+    "coalesce(%(now)s::timestamptz, now())) "
     "ON CONFLICT DO NOTHING RETURNING " + _INSTANCE_COLUMNS
 )
 
@@ -270,7 +271,9 @@ class PostgresJournal:
         self._group = GroupCommitter(db)
         self._notifier = notifier
 
-    async def create(self, instance: NewInstance, *, token: int, now: datetime) -> CreateResult:
+    async def create(
+        self, instance: NewInstance, *, token: int, now: datetime | None
+    ) -> CreateResult:
         params = create_params(instance, token, now)
         async with self._db.connection() as conn:
             cur = conn.cursor(row_factory=dict_row)

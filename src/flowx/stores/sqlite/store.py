@@ -105,7 +105,7 @@ def _step(row: tuple[Any, ...]) -> StepRecord:
 
 
 def create_in(
-    conn: sqlite3.Connection, instance: NewInstance, token: int, now: datetime
+    conn: sqlite3.Connection, instance: NewInstance, token: int, now: datetime | None
 ) -> CreateResult:
     """Insert the instance row inside the caller's write transaction."""
     row = conn.execute(_SELECT_INSTANCE, (instance.instance_id,)).fetchone()
@@ -117,7 +117,7 @@ def create_in(
         ).fetchone()
     if row is not None:
         return CreateResult(instance=_instance(row), created=False)
-    stamp = to_text(now)
+    stamp = to_text(or_process_now(now))  # read under the write lock
     conn.execute(
         "INSERT INTO flow_instance (instance_id, flow_id, flow_version, tenant_id, "
         "state, fence, next_sequence, input, state_bag, idempotency_key, "
@@ -220,7 +220,9 @@ class SqliteJournal:
     def __init__(self, db: SqliteDatabase) -> None:
         self._db = db
 
-    async def create(self, instance: NewInstance, *, token: int, now: datetime) -> CreateResult:
+    async def create(
+        self, instance: NewInstance, *, token: int, now: datetime | None
+    ) -> CreateResult:
         return await self._db.write(lambda conn: create_in(conn, instance, token, now))
 
     async def open(self, instance_id: str, *, token: int, now: datetime | None) -> History:

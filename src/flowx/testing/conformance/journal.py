@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
 from flowx.stores.errors import DuplicateStep, FencedOut, UnknownInstance
+from flowx.stores.protocols import StoreClock
 from flowx.stores.records import InstanceState, Outcome, StepCommit
 from flowx.testing.conformance._support import at, event, instance, new_id, step
 
@@ -30,6 +32,19 @@ class JournalConformance:
         assert got.state is InstanceState.RUNNING
         assert got.created_at == at(0)
         assert got.updated_at == at(0)
+
+    async def test_without_a_pinned_time_create_stamps_the_store_clock(self, stores: Any) -> None:
+        """R9.2: ``now=None`` stamps ``created_at``/``updated_at`` with the journal's clock,
+        which is what the recovery scan's idle filter compares with."""
+        created = await stores.journal.create(instance(), token=1, now=None)
+        got = await stores.journal.get(created.instance.instance_id)
+        clock: object = stores
+        if isinstance(clock, StoreClock):
+            reference = (await clock.store_clock())[0][1]  # the journal's clock is first
+        else:
+            reference = datetime.now(UTC)  # stores in this process share its clock
+        assert got.created_at == got.updated_at
+        assert abs(got.updated_at - reference) < timedelta(seconds=5)
 
     async def test_a_repeated_idempotency_key_returns_the_first_instance(self, stores: Any) -> None:
         first = await stores.journal.create(
