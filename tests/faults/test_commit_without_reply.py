@@ -36,7 +36,7 @@ from tests.faults.support import (
 )
 from tests.support.fault_proxy import FaultProxy
 
-DEADLINE = TTL / 3  # what a host bounds every round trip to (HostSettings.round_trip_timeout)
+DEADLINE = TTL / 2  # what a host bounds every round trip to (HostSettings.round_trip_timeout)
 
 
 async def test_a_commit_without_reply_is_taken_over_within_a_ttl_and_runs_nothing_twice(

@@ -2,7 +2,7 @@
 
 Here the client deadline is set far past the TTL, so the one thing that can free the instance
 is the lease keeper refusing to renew a lease whose journal write has been outstanding for
-longer than the renewal interval. Node A (through a fault proxy) has its ``effect`` commit's
+longer than its stall limit. Node A (through a fault proxy) has its ``effect`` commit's
 reply withheld — the row lands, the answer never comes — while a second instance on A stays
 healthy. The stalled instance's lease runs out and node B takes it over within about a TTL;
 the healthy one keeps its lease on A. When the late reply finally reaches A, A stops at its
@@ -44,8 +44,9 @@ async def _lease(schema: str, instance_id: str) -> tuple[str, int, datetime, dat
 async def test_a_lease_whose_write_has_no_answer_is_left_to_run_out_and_taken_over(
     proxy: FaultProxy, make_node: MakeNode, schema: str
 ) -> None:
-    """R9.1: no renewal while a commit is outstanding past the renewal interval, so another
-    node takes the instance over within about a TTL — not never; R3.5: the stalled node
+    """R9.1: no renewal while a commit is outstanding past the stall limit (a round trip's
+    deadline plus a renewal interval), so another node takes the instance over within about
+    a TTL of that — not never; R3.5: the stalled node
     starts nothing once its late answer arrives; R2.4: it writes nothing past the fence."""
     a = await make_node("A", proxied=True, recovery=False)
     assert a.store is not None
@@ -68,7 +69,10 @@ async def test_a_lease_whose_write_has_no_answer_is_left_to_run_out_and_taken_ov
     _, token_a, expires_a, _ = await _lease(schema, victim.instance_id)
 
     keeper: LeaseKeeper = a._keeper  # type: ignore[assignment]
-    await until(lambda: keeper.withheld > 0, within=RENEW * 3 + 5, what="a renewal withheld")
+    stall = keeper.stall_after  # a round trip's deadline plus a renewal interval
+    await until(
+        lambda: keeper.withheld > 0, within=stall + RENEW * 3 + 5, what="a renewal withheld"
+    )
 
     # Watch the victim's lease until B holds it: A's expiry never moves past one last
     # renewal sent before the write counted as stalled.
@@ -80,7 +84,9 @@ async def test_a_lease_whose_write_has_no_answer_is_left_to_run_out_and_taken_ov
             latest_a.append(expires)
         return owner == "B"
 
-    await until(taken_by_b, within=TTL + RENEW + SCAN * 2 + 20, what="B took the stalled instance")
+    await until(
+        taken_by_b, within=TTL + stall + RENEW + SCAN * 2 + 20, what="B took the stalled instance"
+    )
     _, token_b, _, taken_at = await _lease(schema, victim.instance_id)
     steps = await rows(
         schema,
@@ -90,12 +96,12 @@ async def test_a_lease_whose_write_has_no_answer_is_left_to_run_out_and_taken_ov
     )
     [(_, by, landed)] = [s for s in steps if s[0] == gated_flow.EFFECT]
     assert by == "A"  # the withheld commit landed
-    assert max(latest_a) <= landed + timedelta(seconds=TTL + RENEW + 1.5), (
+    assert max(latest_a) <= landed + timedelta(seconds=TTL + stall + 1.5), (
         f"A's lease was renewed to {max(latest_a)} for a write sent at {landed}"
     )
     assert taken_at >= max(latest_a)  # taken once A's lease had run out, not before
     takeover = taken_at - landed
-    assert takeover <= timedelta(seconds=TTL + RENEW + SCAN * 1.25 + 2.5), takeover
+    assert takeover <= timedelta(seconds=TTL + stall + SCAN * 1.25 + 2.5), takeover
     print(f"\nwithheld {keeper.withheld}x; taken over {takeover.total_seconds():.2f}s later")
     assert not tap.of(victim.instance_id), "A's commit was answered: the fault did not hold"
 

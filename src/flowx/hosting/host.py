@@ -1241,6 +1241,10 @@ class FlowHost:
                 ttl=self.settings.lease_ttl,
                 renew_every=self.settings.renewal_interval,
                 clock=self.clock,
+                # A write queued behind others (a slow disk) and then bounded by its deadline
+                # is slow, not stuck: only one outstanding for longer than both is stuck.
+                stall_after=self.settings.round_trip_timeout
+                + self.settings.renewal_interval.total_seconds(),
             ).start()
         return self._keeper
 
@@ -1254,7 +1258,7 @@ class FlowHost:
             clock=self.clock,
             acquired_at_monotonic=sent,
             keeper=self._keep_leases(stores),
-        )
+        ).start()  # renewed from the moment it is granted, not once the run starts
 
     async def recover_once(self) -> RecoveryScanResult:
         """One recovery sweep now (tests and `flowx` tooling drive it directly)."""

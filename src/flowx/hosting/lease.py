@@ -16,9 +16,15 @@ Every lease this node holds is renewed by one ``LeaseKeeper`` in one store call 
 never queue behind step commits for a pooled connection, and a slow disk costs one write per
 interval, not one per lease (R9.1).
 
-A lease whose instance has had a journal write outstanding for longer than the renewal
-interval is *not* renewed: the node cannot make progress on it, so it lets the lease run out
-and another node takes the instance over within about one TTL instead of never (R9.1).
+A lease whose instance has had a journal write outstanding for longer than a round trip may
+take (``stall_after``: by default half the TTL; a host adds a renewal interval for the wait
+behind other writes) is *not* renewed: the node cannot make progress on it, so
+it lets the lease run out and another node takes the instance over within about one TTL
+instead of never (R9.1).
+
+A lease whose acquisition took long (a slow disk makes every write slow) is renewed at once,
+not at the next round: its liveness counts from when the acquisition was *sent*, and waiting
+a whole interval more could let it run out before its first renewal.
 """
 
 from __future__ import annotations
@@ -162,12 +168,21 @@ class LeaseKeeper:
     """Renews every lease of a node, all in one ``renew_many`` call per interval."""
 
     def __init__(
-        self, store: LeaseStore, *, ttl: timedelta, renew_every: timedelta, clock: Clock
+        self,
+        store: LeaseStore,
+        *,
+        ttl: timedelta,
+        renew_every: timedelta,
+        clock: Clock,
+        stall_after: float | None = None,
     ) -> None:
         self._store = store
         self._ttl = ttl
         self._every = renew_every.total_seconds()
+        #: A write outstanding this long has outlived any answer it could get (R9.1).
+        self._stall_after = stall_after if stall_after is not None else ttl.total_seconds() / 2
         self.clock = clock
+        self._soon = asyncio.Event()
         self._held: dict[int, DurableLease] = {}
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
@@ -175,8 +190,15 @@ class LeaseKeeper:
         self.rounds = 0
         self.withheld = 0
 
+    @property
+    def stall_after(self) -> float:
+        """Seconds a journal write may be outstanding before its lease stops being renewed."""
+        return self._stall_after
+
     def keep(self, lease: DurableLease) -> None:
         self._held[id(lease)] = lease
+        if lease._live_until - time.monotonic() < lease._margin - self._every / 2:
+            self._soon.set()  # it took long to acquire: renew it now, not a round later
 
     def drop(self, lease: DurableLease) -> None:
         self._held.pop(id(lease), None)
@@ -205,9 +227,10 @@ class LeaseKeeper:
         while not self._stop.is_set():
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._every):  # no extra task
-                    await self._stop.wait()
+                    await _first(self._stop, self._soon)
             if self._stop.is_set():
                 return
+            self._soon.clear()
             await self.renew_once()
 
     async def renew_once(self) -> int:
@@ -217,13 +240,13 @@ class LeaseKeeper:
         for held in list(self._held.values()):
             if not held.live:
                 continue
-            if held.stalled(sent, self._every):
+            if held.stalled(sent, self._stall_after):
                 # R9.1: the instance cannot make progress here; let the lease run out.
                 self.withheld += 1
                 log.warning(
                     "lease on %s not renewed: a journal write has had no answer for over %.1fs",
                     held.instance_id,
-                    self._every,
+                    self._stall_after,
                 )
                 continue
             due.append(held)
@@ -250,3 +273,15 @@ class LeaseKeeper:
                 held._renewed(lease, sent)
                 count += 1
         return count
+
+
+async def _first(*events: asyncio.Event) -> None:
+    """Wait until any of ``events`` is set (without a task per event when one already is)."""
+    if any(e.is_set() for e in events):
+        return
+    waiters = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waiters:
+            w.cancel()

@@ -300,9 +300,10 @@ class DedicatedConnection:
     """One connection kept apart from the pool for one job (lease renewals), reconnected
     after any failure, with the same deadline and error translation as the pool's."""
 
-    def __init__(self, db: PostgresDatabase, job: str) -> None:
+    def __init__(self, db: PostgresDatabase, job: str, *, asynchronous: bool = False) -> None:
         self._db = db
         self._job = job
+        self._asynchronous = asynchronous
         self._conn: AsyncConnection[Any] | None = None
         self._lock = asyncio.Lock()
 
@@ -312,6 +313,8 @@ class DedicatedConnection:
             try:
                 if self._conn is None or self._conn.closed or self._conn.broken:
                     self._conn = await self._db.connect()
+                    if self._asynchronous:
+                        await self._conn.execute("SET synchronous_commit = off")
                 conn = self._conn
                 async with deadline(conn, self._db.round_trip_timeout, self._db.where()):
                     yield conn

@@ -116,9 +116,18 @@ WAKE_PARENT: Final[LiteralString] = (
 # the journal's fence. ON CONFLICT ... WHERE leaves a live lease alone: no row, `None`.
 # Time is the server's unless the caller pins it (`t`; R9.2): a node whose clock runs ahead
 # must not see a live lease as expired. now() is the statement's start in autocommit.
+# Only an expired lease row is locked, and only if no other acquirer holds it (`mine`): a
+# live lease, or one another node is taking, is a lost race at once. A probe of a live lease
+# thus locks nothing and writes nothing, so it never holds up its owner's renewal for a
+# commit's flush, and two nodes sweeping the same instances never queue on each other — both
+# a whole commit long under a slow disk (R9.1).
 ACQUIRE: Final[LiteralString] = """
 WITH t AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), mine AS (
+    SELECT 1 FROM flow_lease, t
+     WHERE instance_id = %(instance_id)s AND expires_at <= t.now
+       FOR UPDATE OF flow_lease SKIP LOCKED
 ), floor AS (
     SELECT greatest(%(floor)s::bigint,
                     coalesce((SELECT fence FROM flow_instance
@@ -127,6 +136,8 @@ WITH t AS (
     INSERT INTO flow_lease AS l (instance_id, owner_node, fencing_token, expires_at, acquired_at)
     SELECT %(instance_id)s, %(owner)s, floor.f + 1, t.now + %(ttl)s::interval, t.now
       FROM floor, t
+     WHERE EXISTS (SELECT 1 FROM mine)
+        OR NOT EXISTS (SELECT 1 FROM flow_lease WHERE instance_id = %(instance_id)s)
     ON CONFLICT (instance_id) DO UPDATE
        SET owner_node = excluded.owner_node,
            fencing_token = greatest(l.fencing_token + 1, excluded.fencing_token),
@@ -389,7 +400,13 @@ class PostgresLeaseStore:
 
     def __init__(self, db: PostgresDatabase) -> None:
         self._db = db
-        self._renewals = DedicatedConnection(db, "lease renewals")
+        # Renewals commit without waiting for their WAL flush: a slow disk (an fsync of a
+        # fifth of the TTL) would otherwise make each renewal take two flushes and live
+        # leases run out (R9.1). What a server crash can lose is the last renewals, so the
+        # store may end a lease up to a renewal interval before its holder stops starting
+        # capabilities: exactly a zombie's case, and the fence (raised by the next
+        # acquisition, which always commits synchronously) refuses its writes (R2.4).
+        self._renewals = DedicatedConnection(db, "lease renewals", asynchronous=True)
 
     async def acquire(
         self,
