@@ -185,7 +185,8 @@ class LeaseKeeper:
         self._soon = asyncio.Event()
         self._held: dict[int, DurableLease] = {}
         self._task: asyncio.Task[None] | None = None
-        self._stop = asyncio.Event()
+        self._running = False
+        self._renewing = False
         #: Renewal rounds sent, and leases left unrenewed because a write had stalled.
         self.rounds = 0
         self.withheld = 0
@@ -199,24 +200,32 @@ class LeaseKeeper:
         self._held[id(lease)] = lease
         if lease._live_until - time.monotonic() < lease._margin - self._every / 2:
             self._soon.set()  # it took long to acquire: renew it now, not a round later
+        if self._running and self._task is None:
+            self._spawn()
 
     def drop(self, lease: DurableLease) -> None:
         self._held.pop(id(lease), None)
+        if not self._held and self._task is not None and not self._renewing:
+            # An idle node runs no renewal loop at all: a parked instance costs it nothing.
+            self._task.cancel()
+            self._task = None
 
     @property
     def held(self) -> int:
         return len(self._held)
 
     def start(self) -> LeaseKeeper:
-        if self._task is None:
-            self._stop.clear()
-            self._task = asyncio.get_running_loop().create_task(
-                self._run(), name="flowx-lease-keeper"
-            )
+        """Arm the keeper: from now on it renews while it holds at least one lease."""
+        self._running = True
+        if self._task is None and self._held:
+            self._spawn()
         return self
 
+    def _spawn(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="flowx-lease-keeper")
+
     async def stop(self) -> None:
-        self._stop.set()
+        self._running = False
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
@@ -224,14 +233,18 @@ class LeaseKeeper:
                 await task
 
     async def _run(self) -> None:
-        while not self._stop.is_set():
+        while self._held:
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._every):  # no extra task
-                    await _first(self._stop, self._soon)
-            if self._stop.is_set():
-                return
+                async with asyncio.timeout(self._every):  # one task, no waiter per event
+                    await self._soon.wait()
             self._soon.clear()
-            await self.renew_once()
+            self._renewing = True
+            try:
+                await self.renew_once()
+            finally:
+                self._renewing = False
+        if self._task is asyncio.current_task():
+            self._task = None  # nothing held: the next ``keep`` starts a fresh loop
 
     async def renew_once(self) -> int:
         """One renewal round; returns how many leases it renewed."""
@@ -273,15 +286,3 @@ class LeaseKeeper:
                 held._renewed(lease, sent)
                 count += 1
         return count
-
-
-async def _first(*events: asyncio.Event) -> None:
-    """Wait until any of ``events`` is set (without a task per event when one already is)."""
-    if any(e.is_set() for e in events):
-        return
-    waiters = [asyncio.ensure_future(e.wait()) for e in events]
-    try:
-        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for w in waiters:
-            w.cancel()
