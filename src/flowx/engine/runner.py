@@ -33,6 +33,7 @@ from flowx import codec
 from flowx.capability import Capability, CapabilityRegistry, default_registry
 from flowx.clock import Clock
 from flowx.engine.context import StepContext
+from flowx.engine.timeouts import DeadlineReached, attempt_limit, invoke_bounded
 from flowx.errors import (
     CapabilityNotFound,
     FlowXError,
@@ -243,11 +244,15 @@ class _Suspended(Exception):
 
 
 class _DeadlineExceeded(Exception):
-    def __init__(self, node: Node, scope: str, deadline: datetime) -> None:
+    def __init__(
+        self, node: Node, scope: str, deadline: datetime, *, running: bool = False
+    ) -> None:
         super().__init__(f"deadline {deadline.isoformat()} passed")
         self.node = node
         self.scope = scope
         self.deadline = deadline
+        #: Reached while the step ran (its attempt was cancelled), not at a step boundary.
+        self.running = running
 
 
 class _Halted(Exception):
@@ -608,7 +613,8 @@ class Execution:
 
     def _check_deadline(self, node: Node, scope: str) -> None:
         """SPEC §8: a flow past its deadline runs no further step; it compensates and ends
-        ``TimedOut``. Checked at every step boundary (a step already running is not cut)."""
+        ``TimedOut``. Checked at every step boundary; a step already running is cut by
+        ``invoke_bounded`` when the deadline comes first (issue 12 item 4)."""
         if self._deadline_at is not None and self.clock.now() >= self._deadline_at:
             raise _DeadlineExceeded(node, scope, self._deadline_at)
 
@@ -635,7 +641,8 @@ class Execution:
                 error = error_payload(
                     FlowXError(
                         f"{self.plan.ref} passed its deadline ({late.deadline.isoformat()}) "
-                        f"before step {late.node.name!r}",
+                        f"{'while' if late.running else 'before'} step {late.node.name!r}"
+                        f"{' ran; the attempt was cancelled' if late.running else ''}",
                         code=DEADLINE_EXCEEDED,
                     ),
                     retryable=False,
@@ -861,7 +868,16 @@ class Execution:
             self._live()
             started = time.monotonic()
             try:
-                raw = await cap.invoke(ctx, argument, self._executor)
+                limit, by_deadline = attempt_limit(node.timeout, self._deadline_at, self.clock)
+                raw = await invoke_bounded(
+                    cap,
+                    ctx,
+                    argument,
+                    self._executor,
+                    limit=limit,
+                    by_deadline=by_deadline,
+                    what=f"step {node.name!r} ({cap.ref})",
+                )
                 # R9.5: checked here, so an unstorable result fails this step, never the commit.
                 whose = f"step {node.name!r}: the result of {cap.ref}"
                 text = codec.dumps(raw, root="result", code=RESULT_UNSTORABLE, context=whose)
@@ -874,6 +890,9 @@ class Execution:
                     else None
                 )
             except Exception as exc:
+                if isinstance(exc, DeadlineReached):
+                    assert self._deadline_at is not None
+                    raise _DeadlineExceeded(node, scope, self._deadline_at, running=True) from exc
                 if isinstance(exc, ValidationError):
                     exc = FlowXError(
                         f"step {node.name!r}: the result of {cap.ref} does not fit state "

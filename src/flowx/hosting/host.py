@@ -16,7 +16,6 @@ import socket
 import time
 import uuid
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Generic, TypeVar
@@ -51,6 +50,7 @@ from flowx.hosting.recovery import RecoveryScanResult, RecoveryService, ResumeVe
 from flowx.hosting.replay import ReplayPlan, plan_replay
 from flowx.hosting.settings import HostSettings
 from flowx.hosting.storable import signal_payload, start_input, tenant_key
+from flowx.hosting.threads import CapabilityThreads
 from flowx.hosting.timers import TimerService
 from flowx.metrics import COMPENSATION_FAILED, DEADLINE_EXCEEDED
 from flowx.outbox import EventPublisher, OutboxPublisher
@@ -298,7 +298,7 @@ class FlowHost:
         self._connector: asyncio.Task[None] | None = None
         self._store_ready = False
         self._connected = asyncio.Event()
-        self._threads: ThreadPoolExecutor | None = None
+        self._threads: CapabilityThreads | None = None
         #: Renews every lease this node holds, in one store call per interval (R9.1).
         self._keeper: LeaseKeeper | None = None
         #: This node's clock moved to the journal's, for scheduling sweeps (R9.2).
@@ -404,9 +404,7 @@ class FlowHost:
             return
         self._stop = asyncio.Event()
         self._connected = asyncio.Event()
-        self._threads = ThreadPoolExecutor(
-            max_workers=self.settings.capability_threads, thread_name_prefix="flowx-capability"
-        )
+        self._threads = CapabilityThreads(self.settings.capability_threads, node=self.node_id)
         if self.store is not None:
             try:
                 await self._connect()
@@ -533,19 +531,33 @@ class FlowHost:
         budget = (
             self.settings.shutdown_drain_timeout.total_seconds() if timeout is None else timeout
         )
+        # One budget for the whole drain, not one per phase: a worker told to stop within
+        # ``shutdown_drain_timeout`` stops within it (issue 12 item 5).
+        ends = time.monotonic() + budget
+
+        def left() -> float:
+            return max(ends - time.monotonic(), 0.0)
+
         # Let a recovery sweep in progress finish rather than cancel it: a takeover cancelled
         # between its lease and its first step would hold an instance for a whole TTL.
         # Whatever it takes over now yields at its first step (not accepting). The timer
         # service stops before the instances drain too: a wake now would only be handed back.
-        await _stop_service(self._recovery_task, budget, "the recovery scan")
-        await _stop_service(self._timer_task, budget, "the timer service")
+        await _stop_service(self._recovery_task, left(), "the recovery scan")
+        await _stop_service(self._timer_task, left(), "the timer service")
         self._timer_task = None
         if self._wakers:
-            await asyncio.gather(*list(self._wakers), return_exceptions=True)
+            _woken, late = await asyncio.wait(list(self._wakers), timeout=left())
+            for waker in late:
+                waker.cancel()
+            if late:
+                await asyncio.wait(late, timeout=_CANCEL_GRACE)
         tasks = list(self._tasks.values())
         if tasks:
-            _done, pending = await asyncio.wait(tasks, timeout=budget)
+            _done, pending = await asyncio.wait(tasks, timeout=left())
             for task in pending:
+                # A step in an async capability is cancelled; one in a thread is abandoned
+                # (counted stuck) — either way the run ends now and releases its lease in its
+                # own ``finally``, so a peer resumes the instance from its last commit.
                 task.cancel()
             if pending:
                 log.warning(
@@ -553,13 +565,19 @@ class FlowHost:
                     len(pending),
                     budget,
                 )
-                await asyncio.gather(*pending, return_exceptions=True)
+                _done, stubborn = await asyncio.wait(pending, timeout=_CANCEL_GRACE)
+                if stubborn:
+                    log.error(
+                        "drain: %d instance(s) ignored cancellation; their leases expire "
+                        "after one TTL",
+                        len(stubborn),
+                    )
         if self._outbox_task is not None and self.outbox is not None:
-            # Last: what the drained instances staged gets one more round before the store
-            # closes; anything left stays in the outbox for the next publisher.
+            # Last: what the drained instances staged gets what is left of the budget before
+            # the store closes; anything left stays in the outbox for the next publisher.
             self._outbox_stop.set()
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._outbox_task, timeout=max(budget, 1.0))
+                await asyncio.wait_for(self._outbox_task, timeout=left())
             if not self._outbox_task.done():
                 self._outbox_task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -1283,6 +1301,17 @@ class FlowHost:
     def in_flight(self) -> int:
         return len(self._tasks)
 
+    @property
+    def stuck_threads(self) -> int:
+        """Capability threads still inside a call their step abandoned (a timeout, a drain);
+        also exported as ``flowx_capability_threads_stuck{node}``."""
+        return self._threads.stuck if self._threads is not None else 0
+
+    @property
+    def threads_all_stuck(self) -> bool:
+        """Every capability thread is stuck: this node can run no sync capability (health)."""
+        return self._threads is not None and self._threads.all_stuck
+
     async def wait_idle(self, timeout: float | None = None) -> None:
         """Wait until no instance runs on this node (for tests and the demo)."""
 
@@ -1291,6 +1320,10 @@ class FlowHost:
                 await asyncio.gather(*list(self._tasks.values()), return_exceptions=True)
 
         await asyncio.wait_for(idle(), timeout)
+
+
+#: How long a cancelled run gets to unwind (release its lease) once the drain budget is spent.
+_CANCEL_GRACE = 1.0
 
 
 async def _stop_service(task: asyncio.Task[None] | None, budget: float, what: str) -> None:
