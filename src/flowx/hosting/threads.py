@@ -42,6 +42,8 @@ class CapabilityThreads(Executor):
         self._name = name
         self._queue: queue.SimpleQueue[_Work] = queue.SimpleQueue()
         self._lock = threading.Lock()
+        # Notified whenever the stuck count changes (health checks, tests).
+        self._changed = threading.Condition(self._lock)
         self._threads: set[threading.Thread] = set()
         self._idle = 0
         self._stuck: set[Future[Any]] = set()
@@ -127,10 +129,16 @@ class CapabilityThreads(Executor):
         """Every thread this pool may run is stuck: sync capabilities cannot run here."""
         return self.stuck >= self.max_workers
 
+    def wait_stuck_at_most(self, count: int, timeout: float | None = None) -> bool:
+        """Block until at most ``count`` threads are stuck; ``False`` if ``timeout`` passed."""
+        with self._changed:
+            return self._changed.wait_for(lambda: len(self._stuck) <= count, timeout)
+
     def _returned(self, future: Future[Any]) -> None:
         with self._lock:
             self._stuck.discard(future)
             stuck = len(self._stuck)
+            self._changed.notify_all()
         CAPABILITY_THREADS_STUCK.set(self._node, stuck)
         log.info("node %s: a stuck capability thread returned (%d still stuck)", self._node, stuck)
 
