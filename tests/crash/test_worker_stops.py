@@ -1,4 +1,4 @@
-"""A ``flowx worker`` always stops (issue 12 item 5; R7.2 drain, SPEC §8).
+"""A ``flowx worker`` always stops (R9.3, R7.2 drain; issue 12 item 5; SPEC §8).
 
 Real worker processes, SIGTERMed while a sync capability is stuck in its thread, or after a
 capability leaked a non-daemon thread. The budget check is the issue's own bound (drain budget

@@ -1,4 +1,4 @@
-"""Step timeouts and a flow deadline that reaches a running step (issue 12 item 4; SPEC §8
+"""Step timeouts and a flow deadline that reaches a running step (R9.3, issue 12 item 4; SPEC §8
 "deadline", R4.2 no automatic retry of a non-idempotent capability, R2.12 build-time checks).
 
 An async capability past its bound is cancelled; a sync one (in a thread, which cannot be
