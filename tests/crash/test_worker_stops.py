@@ -108,12 +108,15 @@ async def _lease_and_state(db: str, iid: str) -> tuple[flowx.Lease | None, bool,
         await stores.close()
 
 
-async def _finish_here(db: str, iid: str) -> flowx.InstanceState:
-    """A peer node resumes the instance the stopped worker left behind."""
-    async with flowx.FlowHost(store=flowx.from_url(db), flows=[hang, leaky]) as host:
-        await host.resume(iid)
+async def _finish_here(db: str, iid: str) -> tuple[int, flowx.InstanceState]:
+    """A peer node's recovery sweep takes the instance the stopped worker left behind: at
+    once, not one lease TTL (30 s here) after its last write."""
+    async with flowx.FlowHost(
+        store=flowx.from_url(db), flows=[hang, leaky], recovery=False
+    ) as host:
+        swept = await host.recover_once()
         await host.wait_idle(timeout=30)
-        return (await host.get(iid)).state
+        return swept.queued, (await host.get(iid)).state
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -146,9 +149,9 @@ def test_sigterm_with_a_hung_sync_capability_exits_within_the_drain_budget(
     assert last is not None and last.owner != "test-peer"
     assert last.expires_at <= datetime.now(UTC)  # released, not left to expire in 30 s
     assert taken  # another node can take it at once
-    assert state in ("Running", "Pending")  # left for recovery, not failed
+    assert state == "Pending"  # handed back for recovery, not failed
     (tmp_path / "hang").unlink()
-    assert asyncio.run(_finish_here(store_url, iid)) is flowx.InstanceState.COMPLETED
+    assert asyncio.run(_finish_here(store_url, iid)) == (1, flowx.InstanceState.COMPLETED)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])

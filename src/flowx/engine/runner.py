@@ -392,6 +392,9 @@ class Execution:
         last = plan.body[-1]
         self._final_node: Node | None = last if isinstance(last, StepNode | EmitNode) else None
         self._completed = False
+        # Set once this run is ending the instance (failing, compensating, timing out): a run
+        # cut from then on is not handed back ``Pending`` — it resumes from its own rows.
+        self._ending = False
         nodes = {n.step_id: n for n in walk(plan.body)}
         # A replay (``flowx replay``) gives retry budgets afresh from ``replay_sequence`` on:
         # the compensation's, when compensation had begun; otherwise the failed step's.
@@ -638,6 +641,7 @@ class Execution:
                     failed.node, failed.scope, failed.error, timed_out=timed_out
                 )
             except _DeadlineExceeded as late:
+                self._ending = True
                 error = error_payload(
                     FlowXError(
                         f"{self.plan.ref} passed its deadline ({late.deadline.isoformat()}) "
@@ -691,6 +695,20 @@ class Execution:
             )
             return self._result("aborted", abort_reason=abort.reason)
 
+    async def hand_back(self) -> bool:
+        """After this run was cut mid-step (a drain's budget ran out): hand the instance back
+        ``Pending`` under this run's token, as a yield at a boundary does, so a peer's next
+        sweep resumes it from its last commit instead of a TTL later (R7.2). Not once the
+        run was ending the instance (failing, compensating, completed): that resumes from its
+        own rows. ``False`` when nothing was handed back (or the fence refused it)."""
+        if self._ending or self._completed or self._compensating or self._halted:
+            return False
+        try:
+            await self._transition(InstanceState.PENDING)
+        except _Abort:
+            return False
+        return True
+
     def _result(self, outcome: RunOutcome, **extra: Any) -> RunResult:
         return RunResult(
             outcome=outcome,
@@ -703,6 +721,7 @@ class Execution:
     async def _fail(
         self, node: Node, scope: str, failure: dict[str, Any], *, timed_out: bool = False
     ) -> RunResult:
+        self._ending = True
         error = {**failure, "step": node.name, "scope": scope}
         outcome: RunOutcome = "timed_out" if timed_out else "failed"
         final = InstanceState.TIMED_OUT if timed_out else InstanceState.FAILED

@@ -517,9 +517,10 @@ class FlowHost:
 
         Each running instance finishes the step it is in, commits it, and is handed back
         (``Pending``) at that boundary, so a peer's next sweep takes it with no TTL to wait.
-        Instances still running when the budget ends are cancelled — not failed: cancelling
-        a step is not a failure, so nothing compensates — and their leases are released, so
-        a peer resumes them at once from their last commit.
+        The budget is one for the whole drain. Instances still running when it ends are
+        cancelled — not failed: cancelling a step is not a failure, so nothing compensates; a
+        sync capability's thread is abandoned and counted stuck — handed back ``Pending`` and
+        their leases released, so a peer resumes them at once from their last commit.
         """
         self._accepting = False
         self._stop.set()
@@ -902,7 +903,12 @@ class FlowHost:
                     state=record.state,
                     guard=lambda: lease.token,
                 )
-                result = await execution.run()
+                try:
+                    result = await execution.run()
+                except asyncio.CancelledError:
+                    if not self._accepting:
+                        await _hand_back(execution, record.instance_id)
+                    raise
                 log.debug("instance %s: %s", record.instance_id, result.outcome)
             await self._after_run(plan, record, result)
             return result
@@ -1324,6 +1330,18 @@ class FlowHost:
 
 #: How long a cancelled run gets to unwind (release its lease) once the drain budget is spent.
 _CANCEL_GRACE = 1.0
+
+
+async def _hand_back(execution: Execution, instance_id: str) -> None:
+    """A run the drain cut: hand its instance back ``Pending`` (bounded; best effort — if it
+    fails, the released lease still lets recovery take it, one TTL after its last write)."""
+    try:
+        handed = await asyncio.wait_for(execution.hand_back(), timeout=_CANCEL_GRACE / 2)
+    except Exception as exc:
+        log.warning("drain: instance %s not handed back (%s); recovery takes it", instance_id, exc)
+        return
+    if handed:
+        log.info("drain: instance %s cut mid-step and handed back Pending", instance_id)
 
 
 async def _stop_service(task: asyncio.Task[None] | None, budget: float, what: str) -> None:
