@@ -1355,7 +1355,20 @@ class Execution:
                 self._live()
                 started = time.monotonic()
                 try:
-                    await comp.invoke(ctx, done.argument, self._executor)
+                    if isinstance(comp, Capability):
+                        # No timeout (compensations have none), but a thread cut by a drain
+                        # is counted stuck like a step's.
+                        await invoke_bounded(
+                            comp,
+                            ctx,
+                            done.argument,
+                            self._executor,
+                            limit=None,
+                            by_deadline=False,
+                            what=f"compensation of {node.name!r} ({comp.ref})",
+                        )
+                    else:
+                        await comp.invoke(ctx, done.argument, self._executor)
                 except (FencedOut, LeaseLost) as exc:  # undoing a child: this run lost its lease
                     raise _Abort(str(exc)) from exc
                 except Exception as exc:
