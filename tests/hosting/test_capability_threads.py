@@ -16,6 +16,17 @@ from flowx.hosting.threads import CapabilityThreads
 from flowx.metrics import CAPABILITY_THREADS_STUCK
 
 
+def _exported(node: str) -> float | None:
+    """The gauge as Prometheus scrapes it, when prometheus-client is installed."""
+    try:
+        from prometheus_client import REGISTRY
+    except ImportError:
+        return None
+    value = REGISTRY.get_sample_value("flowx_capability_threads_stuck", {"node": node})
+    assert value is not None, "the gauge is not exported"
+    return float(value)
+
+
 @pytest.fixture
 def gate() -> Iterator[threading.Event]:
     event = threading.Event()
@@ -44,12 +55,14 @@ def test_an_abandoned_call_is_counted_until_it_returns(gate: threading.Event) ->
         pool.abandon(stuck)
         assert pool.stuck == 1
         assert CAPABILITY_THREADS_STUCK.get("n-abandon") == 1
+        assert _exported("n-abandon") in (1.0, None)  # None: flowx[prometheus] not installed
         assert not pool.all_stuck
         assert pool.submit(lambda: "the other thread still works").result(timeout=30)
         gate.set()
         assert pool.wait_stuck_at_most(0, timeout=30)
         assert pool.stuck == 0
         assert CAPABILITY_THREADS_STUCK.get("n-abandon") == 0
+        assert _exported("n-abandon") in (0.0, None)
     finally:
         pool.shutdown()
 
