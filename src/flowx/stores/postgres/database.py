@@ -202,7 +202,9 @@ class PostgresDatabase:
         return f"PostgreSQL at {redact(self.dsn)}"
 
     @contextlib.asynccontextmanager
-    async def connection(self, *, bounded: bool = True) -> AsyncIterator[AsyncConnection[Any]]:
+    async def connection(
+        self, *, bounded: bool = True
+    ) -> AsyncIterator[AsyncConnection[Any]]:
         """A pooled connection; driver and pool errors leave as ``JournalUnavailable``.
 
         The block is bounded by ``round_trip_timeout`` unless ``bounded`` is off (migrations,

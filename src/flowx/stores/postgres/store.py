@@ -239,7 +239,9 @@ def _step(r: dict[str, Any]) -> StepRecord:
     return StepRecord(**{**r, "outcome": Outcome(r["outcome"])})
 
 
-def create_params(instance: NewInstance, token: int, now: datetime | None) -> dict[str, Any]:
+def create_params(
+    instance: NewInstance, token: int, now: datetime | None
+) -> dict[str, Any]:
     return {
         "instance_id": instance.instance_id,
         "flow_id": instance.flow_id,
