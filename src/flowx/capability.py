@@ -49,12 +49,17 @@ class Capability:
     async def invoke(self, ctx: Any, argument: Any, executor: Executor | None = None) -> Any:
         """Call the function; a plain ``def`` runs on ``executor`` (the host's capability
         threads), so a blocking capability never stalls the event loop."""
-        args = (ctx, argument) if self.takes_argument else (ctx,)
         if self.is_async:
+            args = (ctx, argument) if self.takes_argument else (ctx,)
             return await self.fn(*args)
         loop = asyncio.get_running_loop()
-        call = functools.partial(contextvars.copy_context().run, self.fn, *args)
-        return await loop.run_in_executor(executor, call)
+        return await loop.run_in_executor(executor, self.prepared(ctx, argument))
+
+    def prepared(self, ctx: Any, argument: Any) -> Callable[[], Any]:
+        """A plain ``def``'s call, ready for a thread: it sees the caller's context variables
+        (logging and tracing context go with it)."""
+        args = (ctx, argument) if self.takes_argument else (ctx,)
+        return functools.partial(contextvars.copy_context().run, self.fn, *args)
 
 
 class CapabilityRegistry:

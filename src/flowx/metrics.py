@@ -83,3 +83,10 @@ CLOCK_OFFSET = _LabelledGauge(
     "Offset of a store's clock to this node's (positive: the store is ahead)",
     "store",
 )
+#: Capability threads inside a call their step gave up on (a timeout, a drain), by node: a
+#: thread cannot be killed, so it is counted until it returns (issue 12 item 4).
+CAPABILITY_THREADS_STUCK = _LabelledGauge(
+    "flowx_capability_threads_stuck",
+    "Capability threads stuck in a call their step abandoned",
+    "node",
+)

@@ -1,7 +1,8 @@
 """Every wait, saga and composition construct, on the embedded and the production journal.
 
 The engine tests (``tests/engine/test_waits.py``, ``test_compensation_failure.py``,
-``test_sub_flows_and_forks.py``, ``test_saga_edges.py``, ``test_unstorable_values.py``) are
+``test_sub_flows_and_forks.py``, ``test_saga_edges.py``, ``test_unstorable_values.py``,
+``test_step_timeouts.py``) are
 written against the ``memory_store`` fixture. Here that fixture is a real SQLite file and a real
 PostgreSQL schema instead, and the same tests run unmodified: a construct that works only in
 memory fails here.
@@ -22,6 +23,8 @@ from tests.engine.test_compensation_failure import *  # noqa: F403
 from tests.engine.test_compensation_failure import _reset as _reset_sagas  # noqa: F401
 from tests.engine.test_saga_edges import *  # noqa: F403
 from tests.engine.test_saga_edges import _reset as _reset_edges  # noqa: F401
+from tests.engine.test_step_timeouts import *  # noqa: F403
+from tests.engine.test_step_timeouts import _reset_timeouts  # noqa: F401
 from tests.engine.test_sub_flows_and_forks import *  # noqa: F403
 from tests.engine.test_sub_flows_and_forks import _reset as _reset_compositions  # noqa: F401
 from tests.engine.test_unstorable_values import *  # noqa: F403

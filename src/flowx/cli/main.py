@@ -297,6 +297,7 @@ def worker(
             node_id=node_id,
             ready_file=ready_file,
             publish_url=publish_url,
+            exit_watchdog=True,
         )
     )
     sys.exit(code)

@@ -33,6 +33,7 @@ from flowx import codec
 from flowx.capability import Capability, CapabilityRegistry, default_registry
 from flowx.clock import Clock
 from flowx.engine.context import StepContext
+from flowx.engine.timeouts import DeadlineReached, attempt_limit, invoke_bounded
 from flowx.errors import (
     CapabilityNotFound,
     FlowXError,
@@ -243,11 +244,15 @@ class _Suspended(Exception):
 
 
 class _DeadlineExceeded(Exception):
-    def __init__(self, node: Node, scope: str, deadline: datetime) -> None:
+    def __init__(
+        self, node: Node, scope: str, deadline: datetime, *, running: bool = False
+    ) -> None:
         super().__init__(f"deadline {deadline.isoformat()} passed")
         self.node = node
         self.scope = scope
         self.deadline = deadline
+        #: Reached while the step ran (its attempt was cancelled), not at a step boundary.
+        self.running = running
 
 
 class _Halted(Exception):
@@ -387,6 +392,9 @@ class Execution:
         last = plan.body[-1]
         self._final_node: Node | None = last if isinstance(last, StepNode | EmitNode) else None
         self._completed = False
+        # Set once this run is ending the instance (failing, compensating, timing out): a run
+        # cut from then on is not handed back ``Pending`` — it resumes from its own rows.
+        self._ending = False
         nodes = {n.step_id: n for n in walk(plan.body)}
         # A replay (``flowx replay``) gives retry budgets afresh from ``replay_sequence`` on:
         # the compensation's, when compensation had begun; otherwise the failed step's.
@@ -608,7 +616,8 @@ class Execution:
 
     def _check_deadline(self, node: Node, scope: str) -> None:
         """SPEC §8: a flow past its deadline runs no further step; it compensates and ends
-        ``TimedOut``. Checked at every step boundary (a step already running is not cut)."""
+        ``TimedOut``. Checked at every step boundary; a step already running is cut by
+        ``invoke_bounded`` when the deadline comes first (issue 12 item 4)."""
         if self._deadline_at is not None and self.clock.now() >= self._deadline_at:
             raise _DeadlineExceeded(node, scope, self._deadline_at)
 
@@ -632,10 +641,12 @@ class Execution:
                     failed.node, failed.scope, failed.error, timed_out=timed_out
                 )
             except _DeadlineExceeded as late:
+                self._ending = True
                 error = error_payload(
                     FlowXError(
                         f"{self.plan.ref} passed its deadline ({late.deadline.isoformat()}) "
-                        f"before step {late.node.name!r}",
+                        f"{'while' if late.running else 'before'} step {late.node.name!r}"
+                        f"{' ran; the attempt was cancelled' if late.running else ''}",
                         code=DEADLINE_EXCEEDED,
                     ),
                     retryable=False,
@@ -684,6 +695,20 @@ class Execution:
             )
             return self._result("aborted", abort_reason=abort.reason)
 
+    async def hand_back(self) -> bool:
+        """After this run was cut mid-step (a drain's budget ran out): hand the instance back
+        ``Pending`` under this run's token, as a yield at a boundary does, so a peer's next
+        sweep resumes it from its last commit instead of a TTL later (R7.2). Not once the
+        run was ending the instance (failing, compensating, completed): that resumes from its
+        own rows. ``False`` when nothing was handed back (or the fence refused it)."""
+        if self._ending or self._completed or self._compensating or self._halted:
+            return False
+        try:
+            await self._transition(InstanceState.PENDING)
+        except _Abort:
+            return False
+        return True
+
     def _result(self, outcome: RunOutcome, **extra: Any) -> RunResult:
         return RunResult(
             outcome=outcome,
@@ -696,6 +721,7 @@ class Execution:
     async def _fail(
         self, node: Node, scope: str, failure: dict[str, Any], *, timed_out: bool = False
     ) -> RunResult:
+        self._ending = True
         error = {**failure, "step": node.name, "scope": scope}
         outcome: RunOutcome = "timed_out" if timed_out else "failed"
         final = InstanceState.TIMED_OUT if timed_out else InstanceState.FAILED
@@ -861,7 +887,16 @@ class Execution:
             self._live()
             started = time.monotonic()
             try:
-                raw = await cap.invoke(ctx, argument, self._executor)
+                limit, by_deadline = attempt_limit(node.timeout, self._deadline_at, self.clock)
+                raw = await invoke_bounded(
+                    cap,
+                    ctx,
+                    argument,
+                    self._executor,
+                    limit=limit,
+                    by_deadline=by_deadline,
+                    what=f"step {node.name!r} ({cap.ref})",
+                )
                 # R9.5: checked here, so an unstorable result fails this step, never the commit.
                 whose = f"step {node.name!r}: the result of {cap.ref}"
                 text = codec.dumps(raw, root="result", code=RESULT_UNSTORABLE, context=whose)
@@ -874,6 +909,9 @@ class Execution:
                     else None
                 )
             except Exception as exc:
+                if isinstance(exc, DeadlineReached):
+                    assert self._deadline_at is not None
+                    raise _DeadlineExceeded(node, scope, self._deadline_at, running=True) from exc
                 if isinstance(exc, ValidationError):
                     exc = FlowXError(
                         f"step {node.name!r}: the result of {cap.ref} does not fit state "
@@ -1317,7 +1355,20 @@ class Execution:
                 self._live()
                 started = time.monotonic()
                 try:
-                    await comp.invoke(ctx, done.argument, self._executor)
+                    if isinstance(comp, Capability):
+                        # No timeout (compensations have none), but a thread cut by a drain
+                        # is counted stuck like a step's.
+                        await invoke_bounded(
+                            comp,
+                            ctx,
+                            done.argument,
+                            self._executor,
+                            limit=None,
+                            by_deadline=False,
+                            what=f"compensation of {node.name!r} ({comp.ref})",
+                        )
+                    else:
+                        await comp.invoke(ctx, done.argument, self._executor)
                 except (FencedOut, LeaseLost) as exc:  # undoing a child: this run lost its lease
                     raise _Abort(str(exc)) from exc
                 except Exception as exc:

@@ -16,7 +16,6 @@ import socket
 import time
 import uuid
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Generic, TypeVar
@@ -51,6 +50,7 @@ from flowx.hosting.recovery import RecoveryScanResult, RecoveryService, ResumeVe
 from flowx.hosting.replay import ReplayPlan, plan_replay
 from flowx.hosting.settings import HostSettings
 from flowx.hosting.storable import signal_payload, start_input, tenant_key
+from flowx.hosting.threads import CapabilityThreads
 from flowx.hosting.timers import TimerService
 from flowx.metrics import COMPENSATION_FAILED, DEADLINE_EXCEEDED
 from flowx.outbox import EventPublisher, OutboxPublisher
@@ -298,7 +298,7 @@ class FlowHost:
         self._connector: asyncio.Task[None] | None = None
         self._store_ready = False
         self._connected = asyncio.Event()
-        self._threads: ThreadPoolExecutor | None = None
+        self._threads: CapabilityThreads | None = None
         #: Renews every lease this node holds, in one store call per interval (R9.1).
         self._keeper: LeaseKeeper | None = None
         #: This node's clock moved to the journal's, for scheduling sweeps (R9.2).
@@ -404,9 +404,7 @@ class FlowHost:
             return
         self._stop = asyncio.Event()
         self._connected = asyncio.Event()
-        self._threads = ThreadPoolExecutor(
-            max_workers=self.settings.capability_threads, thread_name_prefix="flowx-capability"
-        )
+        self._threads = CapabilityThreads(self.settings.capability_threads, node=self.node_id)
         if self.store is not None:
             try:
                 await self._connect()
@@ -519,9 +517,10 @@ class FlowHost:
 
         Each running instance finishes the step it is in, commits it, and is handed back
         (``Pending``) at that boundary, so a peer's next sweep takes it with no TTL to wait.
-        Instances still running when the budget ends are cancelled — not failed: cancelling
-        a step is not a failure, so nothing compensates — and their leases are released, so
-        a peer resumes them at once from their last commit.
+        The budget is one for the whole drain. Instances still running when it ends are
+        cancelled — not failed: cancelling a step is not a failure, so nothing compensates; a
+        sync capability's thread is abandoned and counted stuck — handed back ``Pending`` and
+        their leases released, so a peer resumes them at once from their last commit.
         """
         self._accepting = False
         self._stop.set()
@@ -533,19 +532,33 @@ class FlowHost:
         budget = (
             self.settings.shutdown_drain_timeout.total_seconds() if timeout is None else timeout
         )
+        # One budget for the whole drain, not one per phase: a worker told to stop within
+        # ``shutdown_drain_timeout`` stops within it (issue 12 item 5).
+        ends = time.monotonic() + budget
+
+        def left() -> float:
+            return max(ends - time.monotonic(), 0.0)
+
         # Let a recovery sweep in progress finish rather than cancel it: a takeover cancelled
         # between its lease and its first step would hold an instance for a whole TTL.
         # Whatever it takes over now yields at its first step (not accepting). The timer
         # service stops before the instances drain too: a wake now would only be handed back.
-        await _stop_service(self._recovery_task, budget, "the recovery scan")
-        await _stop_service(self._timer_task, budget, "the timer service")
+        await _stop_service(self._recovery_task, left(), "the recovery scan")
+        await _stop_service(self._timer_task, left(), "the timer service")
         self._timer_task = None
         if self._wakers:
-            await asyncio.gather(*list(self._wakers), return_exceptions=True)
+            _woken, late = await asyncio.wait(list(self._wakers), timeout=left())
+            for waker in late:
+                waker.cancel()
+            if late:
+                await asyncio.wait(late, timeout=_CANCEL_GRACE)
         tasks = list(self._tasks.values())
         if tasks:
-            _done, pending = await asyncio.wait(tasks, timeout=budget)
+            _done, pending = await asyncio.wait(tasks, timeout=left())
             for task in pending:
+                # A step in an async capability is cancelled; one in a thread is abandoned
+                # (counted stuck) — either way the run ends now and releases its lease in its
+                # own ``finally``, so a peer resumes the instance from its last commit.
                 task.cancel()
             if pending:
                 log.warning(
@@ -553,13 +566,19 @@ class FlowHost:
                     len(pending),
                     budget,
                 )
-                await asyncio.gather(*pending, return_exceptions=True)
+                _done, stubborn = await asyncio.wait(pending, timeout=_CANCEL_GRACE)
+                if stubborn:
+                    log.error(
+                        "drain: %d instance(s) ignored cancellation; their leases expire "
+                        "after one TTL",
+                        len(stubborn),
+                    )
         if self._outbox_task is not None and self.outbox is not None:
-            # Last: what the drained instances staged gets one more round before the store
-            # closes; anything left stays in the outbox for the next publisher.
+            # Last: what the drained instances staged gets what is left of the budget before
+            # the store closes; anything left stays in the outbox for the next publisher.
             self._outbox_stop.set()
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._outbox_task, timeout=max(budget, 1.0))
+                await asyncio.wait_for(self._outbox_task, timeout=left())
             if not self._outbox_task.done():
                 self._outbox_task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -884,7 +903,12 @@ class FlowHost:
                     state=record.state,
                     guard=lambda: lease.token,
                 )
-                result = await execution.run()
+                try:
+                    result = await execution.run()
+                except asyncio.CancelledError:
+                    if not self._accepting:
+                        await _hand_back(execution, record.instance_id)
+                    raise
                 log.debug("instance %s: %s", record.instance_id, result.outcome)
             await self._after_run(plan, record, result)
             return result
@@ -1283,6 +1307,17 @@ class FlowHost:
     def in_flight(self) -> int:
         return len(self._tasks)
 
+    @property
+    def stuck_threads(self) -> int:
+        """Capability threads still inside a call their step abandoned (a timeout, a drain);
+        also exported as ``flowx_capability_threads_stuck{node}``."""
+        return self._threads.stuck if self._threads is not None else 0
+
+    @property
+    def threads_all_stuck(self) -> bool:
+        """Every capability thread is stuck: this node can run no sync capability (health)."""
+        return self._threads is not None and self._threads.all_stuck
+
     async def wait_idle(self, timeout: float | None = None) -> None:
         """Wait until no instance runs on this node (for tests and the demo)."""
 
@@ -1291,6 +1326,22 @@ class FlowHost:
                 await asyncio.gather(*list(self._tasks.values()), return_exceptions=True)
 
         await asyncio.wait_for(idle(), timeout)
+
+
+#: How long a cancelled run gets to unwind (release its lease) once the drain budget is spent.
+_CANCEL_GRACE = 1.0
+
+
+async def _hand_back(execution: Execution, instance_id: str) -> None:
+    """A run the drain cut: hand its instance back ``Pending`` (bounded; best effort — if it
+    fails, the released lease still lets recovery take it, one TTL after its last write)."""
+    try:
+        handed = await asyncio.wait_for(execution.hand_back(), timeout=_CANCEL_GRACE / 2)
+    except Exception as exc:
+        log.warning("drain: instance %s not handed back (%s); recovery takes it", instance_id, exc)
+        return
+    if handed:
+        log.info("drain: instance %s cut mid-step and handed back Pending", instance_id)
 
 
 async def _stop_service(task: asyncio.Task[None] | None, budget: float, what: str) -> None:

@@ -2,8 +2,10 @@
 
 It carries the flows it is given, executes instances, renews their leases, runs the recovery
 scan, and on SIGTERM (or SIGINT) drains: no new work, in-flight steps finish within
-``shutdown_drain_timeout``, every lease is released explicitly, exit 0 (R7.2). Several workers
-on one store are a cluster with no other coordination (R1.1).
+``shutdown_drain_timeout``, every lease is released explicitly, exit 0 (R7.2). What still runs
+when the budget ends — a hung capability included — is cut and left for recovery, and the
+process always exits (``flowx.hosting.shutdown``). Several workers on one store are a cluster
+with no other coordination (R1.1).
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import asyncio
 import importlib
 import json
 import logging
-import signal
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any
 from flowx.errors import FlowXError
 from flowx.hosting.host import FlowHost
 from flowx.hosting.settings import HostSettings
+from flowx.hosting.shutdown import Signals, arm_exit_watchdog
 from flowx.hosting.stores import from_url
 from flowx.outbox.urls import publisher_from_url
 from flowx.plan.model import Plan
@@ -101,8 +103,12 @@ async def serve(
     node_id: str | None = None,
     ready_file: Path | None = None,
     publish_url: str | None = None,
+    exit_watchdog: bool = False,
 ) -> int:
-    """Run a node until SIGTERM/SIGINT, then drain. Returns the exit code."""
+    """Run a node until SIGTERM/SIGINT, then drain. Returns the exit code.
+
+    ``exit_watchdog`` (the ``flowx worker`` process sets it): once stopped, the process is
+    ended shortly after if something (a non-daemon thread) would keep it alive."""
     host = FlowHost(
         store=from_url(store_url, leases=leases_url),
         flows=plans,
@@ -111,9 +117,7 @@ async def serve(
         publisher=publisher_from_url(publish_url) if publish_url else None,
     )
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    Signals(stop).install(asyncio.get_running_loop())
     await host.open()
     log.info(
         "worker %s ready on %s carrying %s",
@@ -126,5 +130,14 @@ async def serve(
     await stop.wait()
     log.info("worker %s draining (%d in flight)", host.node_id, host.in_flight)
     await host.drain()
+    if host.stuck_threads:
+        log.warning(
+            "worker %s: %d capability thread(s) still stuck; their instances were released "
+            "for recovery",
+            host.node_id,
+            host.stuck_threads,
+        )
     log.info("worker %s stopped", host.node_id)
+    if exit_watchdog:
+        arm_exit_watchdog(0)
     return 0

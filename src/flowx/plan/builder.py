@@ -12,6 +12,7 @@ import types
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
@@ -19,11 +20,9 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from flowx.capability import Capability, CapabilityRegistry, capability_of, default_registry
 from flowx.durations import DurationLike, parse_duration
 from flowx.errors import CapabilityNotFound, PlanError
+from flowx.plan.annotations import STEP_OPTIONS, compile_step
 from flowx.plan.events import contract_of
 from flowx.plan.model import (
-    DEFAULT_COMPENSATION_RETRY,
-    DEFAULT_STEP_RETRY,
-    NO_RETRY,
     AwaitSignalNode,
     EmitNode,
     ForEachNode,
@@ -35,10 +34,10 @@ from flowx.plan.model import (
     Retry,
     Selector,
     SleepNode,
-    StepNode,
     SubFlowNode,
     walk,
 )
+from flowx.plan.timeouts import STEP_TIMEOUT_INVALID, step_timeout
 
 _FLOW_ID = re.compile(r"^[a-z0-9][a-z0-9_.\-]*$")
 _FLOW_VERSION = re.compile(r"^\d+(\.\d+){0,2}([-+][0-9A-Za-z.\-]+)?$")
@@ -71,25 +70,17 @@ class Body:
         compensate: Callable[..., Any] | Capability | str | None = None,
         compensate_retry: Retry | None = None,
         argument: Selector | None = None,
+        timeout: DurationLike | None = None,
     ) -> B:
         """Call a capability. Its argument is the flow input (the item, in a ``for_each``)
         unless ``argument=lambda input, state: ...`` says otherwise; its result goes into the
         state field ``into``. On a later failure, ``compensate`` runs with the same argument
-        and ``ctx.step_result`` set to this step's result."""
+        and ``ctx.step_result`` set to this step's result. ``timeout`` bounds each attempt
+        (default: the flow's ``step_timeout``); past it the attempt fails ``step.timed_out``
+        and is retried under ``retry``."""
+        values = (target, version, into, retry, compensate, compensate_retry, argument, timeout)
         self._drafts.append(
-            _Draft(
-                kind="step",
-                name=name,
-                args={
-                    "target": target,
-                    "version": version,
-                    "into": into,
-                    "retry": retry,
-                    "compensate": compensate,
-                    "compensate_retry": compensate_retry,
-                    "argument": argument,
-                },
-            )
+            _Draft(kind="step", name=name, args=dict(zip(STEP_OPTIONS, values, strict=True)))
         )
         return self
 
@@ -228,6 +219,8 @@ class FlowBuilder(Body, Generic[InputT]):
         self._deadline = deadline
         self._partition_key = partition_key
         self._registry = registry or default_registry
+        # Set by ``flow(step_timeout=...)``: a constructor of eight options is enough.
+        self._step_timeout: DurationLike | None = None
 
     def build(self) -> Plan:
         return _Compiler(self).compile()
@@ -243,10 +236,13 @@ def flow(
     deadline: DurationLike | None = None,
     partition_key: Callable[[InputT], str | None] | None = None,
     registry: CapabilityRegistry | None = None,
+    step_timeout: DurationLike | None = None,
 ) -> FlowBuilder[InputT]:
     """Start defining a flow. ``partition_key(input)`` becomes the instance's ``tenant_id``
-    (R2.7) and the default partition key of the events it emits."""
-    return FlowBuilder(
+    (R2.7) and the default partition key of the events it emits. ``step_timeout`` bounds
+    every attempt of a step that names no ``timeout=`` of its own; ``deadline`` bounds the
+    whole instance, running steps included."""
+    builder = FlowBuilder(
         flow_id,
         version=version,
         input=input,
@@ -256,6 +252,8 @@ def flow(
         partition_key=partition_key,
         registry=registry,
     )
+    builder._step_timeout = step_timeout
+    return builder
 
 
 def _is_model(cls: object) -> bool:
@@ -280,6 +278,8 @@ class _Compiler:
         self.in_fork: str | None = None
         # Signal name -> payload type: a signal is checked against one type when it is sent.
         self.signal_types: dict[str, Any] = {}
+        # The flow's default step timeout, checked once in ``compile``.
+        self.step_timeout: timedelta | None = None
 
     def error(self, code: str, message: str) -> PlanError:
         return PlanError(code, f"flow {self.b._flow_id!r}: {message}", flow_id=self.b._flow_id)
@@ -317,6 +317,10 @@ class _Compiler:
                 deadline = parse_duration(b._deadline, what="deadline")
             except ValueError as exc:
                 raise self.error("FLOWX1009", str(exc)) from exc
+        try:
+            self.step_timeout = step_timeout(b._step_timeout, where="step_timeout=")
+        except ValueError as exc:
+            raise self.error(STEP_TIMEOUT_INVALID, str(exc)) from exc
         if not b._drafts:
             raise self.error("FLOWX1001", "add at least one .step(...) before .build()")
         body = self.nodes(b._drafts, state_model)
@@ -329,6 +333,7 @@ class _Compiler:
             body=body,
             deadline=deadline,
             partition_key=b._partition_key,
+            step_timeout=self.step_timeout,
         )
 
     def nodes(self, drafts: list[_Draft], state_model: type[BaseModel]) -> tuple[Node, ...]:
@@ -387,36 +392,7 @@ class _Compiler:
     def node(self, d: _Draft, state_model: type[BaseModel]) -> Node:
         a = d.args
         if d.kind == "step":
-            cap = self.capability(a["target"], a["version"], "step", "FLOWX1002")
-            name = d.name or cap.id
-            where = f"step {name!r}"
-            step_id = self.claim(name)
-            self.check_into(a["into"], state_model, where)
-            self.check_callable(a["argument"], "argument=", where)
-            retry: Retry = a["retry"] or (DEFAULT_STEP_RETRY if cap.idempotent else NO_RETRY)
-            if not cap.idempotent and retry.attempts > 1:
-                raise self.error(
-                    "FLOWX1008",
-                    f"{where} asks for {retry.attempts} attempts, but {cap.ref} is declared "
-                    "idempotent=False and is never retried automatically (R4.2); drop retry= "
-                    "or make the capability idempotent (pass ctx.idempotency_key on)",
-                )
-            comp = None
-            if a["compensate"] is not None:
-                comp = self.capability(a["compensate"], None, f"{where} compensate=", "FLOWX1005")
-            comp_retry: Retry = a["compensate_retry"] or DEFAULT_COMPENSATION_RETRY
-            if comp is not None and not comp.idempotent:
-                comp_retry = NO_RETRY
-            return StepNode(
-                step_id=step_id,
-                name=name,
-                capability=cap,
-                into=a["into"],
-                retry=retry,
-                compensate=comp,
-                compensate_retry=comp_retry,
-                argument=a["argument"],
-            )
+            return compile_step(self, d, state_model, self.step_timeout)
         if d.kind == "emit":
             event_type = a["event_type"]
             name = d.name or f"emit:{getattr(event_type, '__name__', event_type)}"

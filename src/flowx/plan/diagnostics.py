@@ -32,4 +32,6 @@ CODES: Final[dict[str, str]] = {
     "FLOWX1022": "a sub_flow whose child (or parent) is not Durable",
     "FLOWX1023": "a signal name that is empty or uses the reserved 'flowx.' prefix",
     "FLOWX1024": "an emit in an Ephemeral flow, or an event with no declared contract",
+    "FLOWX1025": "a step timeout (or the flow's step_timeout=) is unparsable, not positive, "
+    "or longer than 7 days",
 }

@@ -98,6 +98,9 @@ class StepNode(Node):
     compensate: Capability | None = None
     compensate_retry: Retry = DEFAULT_COMPENSATION_RETRY
     argument: Selector | None = field(default=None, compare=False)
+    #: How long one attempt of the capability may run (the flow's ``step_timeout`` when the
+    #: step names none); past it the attempt fails ``step.timed_out``. ``None``: unbounded.
+    timeout: timedelta | None = None
 
     @property
     def kind(self) -> str:
@@ -217,6 +220,8 @@ class Plan:
     body: tuple[Node, ...]
     deadline: timedelta | None = None
     partition_key: Callable[[Any], str | None] | None = field(default=None, compare=False)
+    #: The default ``timeout`` of the plan's steps (already applied to each ``StepNode``).
+    step_timeout: timedelta | None = None
 
     @property
     def ref(self) -> str:

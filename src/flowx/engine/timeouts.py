@@ -1,0 +1,131 @@
+"""One attempt of a capability, bounded by its step timeout and the flow's deadline.
+
+A step's ``timeout`` and the time left to its flow's deadline are two bounds on the same
+attempt; the attempt gets the smaller (issue 12 item 4, SPEC §8). Past its own timeout the
+attempt fails with ``step.timed_out`` and is retried under the step's policy like any other
+failure; past the flow deadline the flow times out and compensates, the running step included.
+
+An ``async`` capability is cancelled. A plain ``def`` runs in a thread, and a thread cannot be
+killed: the attempt stops *waiting* for it (the step fails the same way) and the thread is
+handed to the executor as abandoned, so the host counts it as stuck until it returns. Its late
+result is dropped: the attempt already failed, and a retry or the compensation decides what
+happens next.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from concurrent.futures import Executor, Future
+from datetime import datetime, timedelta
+from typing import Any, Protocol, runtime_checkable
+
+from flowx.capability import Capability
+from flowx.clock import Clock
+from flowx.errors import FlowXError
+
+#: The error code of an attempt that ran past its step timeout.
+STEP_TIMED_OUT = "step.timed_out"
+
+
+class StepTimedOut(FlowXError):
+    """An attempt ran past its step's ``timeout``; retryable, under the step's policy."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code=STEP_TIMED_OUT)
+
+
+class DeadlineReached(Exception):
+    """The flow's deadline passed while the attempt ran; the runner times the flow out."""
+
+
+@runtime_checkable
+class AbandonsThreads(Protocol):
+    """An executor that keeps count of the calls nobody waits for any more (stuck threads)."""
+
+    def abandon(self, future: Future[Any]) -> None: ...
+
+
+def attempt_limit(
+    timeout: timedelta | None, deadline_at: datetime | None, clock: Clock
+) -> tuple[float | None, bool]:
+    """Seconds this attempt may run, and whether the flow deadline (not the step timeout) is
+    the nearer bound. ``(None, False)``: unbounded."""
+    own = timeout.total_seconds() if timeout is not None else None
+    if deadline_at is None:
+        return own, False
+    left = max((deadline_at - clock.now()).total_seconds(), 0.0)
+    if own is None or left < own:
+        return left, True
+    return own, False
+
+
+async def invoke_bounded(
+    cap: Capability,
+    ctx: Any,
+    argument: Any,
+    executor: Executor | None,
+    *,
+    limit: float | None,
+    by_deadline: bool,
+    what: str,
+) -> Any:
+    """Run one attempt of ``cap`` for at most ``limit`` seconds (``None``: no bound).
+
+    Raises ``StepTimedOut`` past the step's own timeout, ``DeadlineReached`` past the flow's
+    deadline. A sync capability's thread is abandoned (never waited for again) when the attempt
+    ends without it: on a timeout, or when the run itself is cancelled (a drain cut short).
+    """
+    if cap.is_async:
+        if limit is None:
+            return await cap.invoke(ctx, argument, executor)
+        try:
+            async with asyncio.timeout(limit):
+                return await cap.invoke(ctx, argument, executor)
+        except TimeoutError:
+            raise _late(limit, by_deadline, what) from None
+    call = cap.prepared(ctx, argument)
+    if executor is None:
+        # No executor of ours to count stuck threads in: the loop's default one, unbounded
+        # waits only (an Ephemeral run with no host, a test).
+        running = asyncio.get_running_loop().run_in_executor(None, call)
+        if limit is None:
+            return await running
+        try:
+            return await asyncio.wait_for(running, limit)
+        except TimeoutError:
+            raise _late(limit, by_deadline, what) from None
+    future: Future[Any] = executor.submit(call)
+    waiting = asyncio.wrap_future(future)
+    try:
+        return await asyncio.wait_for(asyncio.shield(waiting), limit)
+    except TimeoutError:
+        _abandon(executor, future, waiting)
+        raise _late(limit or 0.0, by_deadline, what) from None
+    except asyncio.CancelledError:
+        _abandon(executor, future, waiting)
+        raise
+
+
+def _abandon(executor: Executor, future: Future[Any], waiting: asyncio.Future[Any]) -> None:
+    # Cancelled, the loop's side of the call no longer expects a result: a thread returning
+    # after the loop closed does not try to deliver one to it.
+    waiting.cancel()
+    if future.cancel():  # never started (the pool was full): nothing is stuck
+        return
+    if isinstance(executor, AbandonsThreads):
+        executor.abandon(future)
+    # The call's outcome is nobody's business any more; retrieve it so it is never logged as
+    # "exception was never retrieved" when the thread finally returns.
+    future.add_done_callback(_swallow)
+
+
+def _swallow(future: Future[Any]) -> None:
+    with contextlib.suppress(BaseException):
+        future.exception()
+
+
+def _late(limit: float, by_deadline: bool, what: str) -> Exception:
+    if by_deadline:
+        return DeadlineReached(f"{what}: the flow deadline passed while it ran")
+    return StepTimedOut(f"{what} ran longer than its timeout ({limit:g}s) and was abandoned")
