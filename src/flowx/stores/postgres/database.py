@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import re
 import socket
 from collections.abc import AsyncIterator
 from datetime import datetime
@@ -37,17 +36,18 @@ from flowx.stores.errors import (
     SchemaNotMigrated,
     SchemaTooNew,
 )
+from flowx.urls import check_schema
+from flowx.urls import redact as redact_url
 
 MIGRATIONS = migrations.load("flowx.stores.postgres")
 SCHEMA_VERSION = MIGRATIONS[-1].version
-_SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 #: Serialises migrators across processes (pg_advisory_xact_lock key: "FLWX").
 _MIGRATION_LOCK = 0x464C5758
 
 
 def redact(dsn: str) -> str:
-    """A DSN fit for a log line: no password."""
-    return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", dsn)
+    """A DSN fit for a log line: no password (``user:pw@``, ``://:pw@``, ``password=``)."""
+    return redact_url(dsn)
 
 
 def unavailable(dsn: str, exc: BaseException) -> JournalUnavailable:
@@ -137,8 +137,7 @@ class PostgresDatabase:
         idle_in_transaction_timeout_ms: int = 10_000,
         tcp_user_timeout_ms: int = 10_000,
     ) -> None:
-        if not _SCHEMA_NAME.match(schema):
-            raise ValueError(f"schema name {schema!r} must be a lower-case SQL identifier")
+        check_schema(schema, dsn)
         self.dsn = dsn
         self.schema = schema
         self._connect_timeout = connect_timeout
