@@ -34,9 +34,12 @@ when something is wrong.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
-from collections.abc import Iterator
+import types
+import typing
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import date, datetime, time, timedelta
 from decimal import Decimal
 from enum import Enum
@@ -104,6 +107,7 @@ def _encode(value: Any, root: str) -> str:
     else:
         if kind == _SUSPECT:
             _refuse_if_found(value, root, raw=True)
+        _refuse_if_loose(value, root)
         try:
             plain = to_jsonable_python(value)
         except (PydanticSerializationError, TypeError, ValueError) as exc:
@@ -292,6 +296,130 @@ def _raw_problem(v: Any) -> str | None:
     except (PydanticSerializationError, TypeError, ValueError) as exc:
         return f"({kind}) has no JSON form ({exc}); {_WHAT_TO_DO}"
     return None
+
+
+# -- model fields typed Any ------------------------------------------------------------------
+#
+# pydantic serialises a field declared ``Any`` (or ``object``, or an extra field) by looking
+# at the value: NaN becomes null, bytes become text, a set a list, an int key a str key. No
+# declared type reads it back, so that would change stored data; such a field is checked as
+# a raw value instead. Models without one are not walked: this runs on every step commit.
+
+
+def _refuse_if_loose(value: Any, root: str) -> None:
+    path: list[str] = [root]
+    problem = _loose_problem(value, path, 0, _DECLARED_TYPE)
+    if problem is not None:
+        where = "".join(path) if len(path) <= 12 else "".join(path[:12]) + "..."
+        raise SerialisationError(f"{where} {problem}", path=where)
+
+
+#: The annotation of a part whose type is declared (or not known to be loose).
+_DECLARED_TYPE: Final = object()
+
+
+def _loose_problem(v: Any, path: list[str], depth: int, annotation: Any) -> str | None:
+    """Like ``_problem`` with ``raw``, for the parts of ``v`` no declared type covers;
+    ``annotation`` is the declared type of ``v``."""
+    if depth >= MAX_DEPTH:
+        return None  # the encoder refuses it, with its own message
+    if _is_loose(annotation):
+        found = _problem(v, path, depth, raw=True)
+        if found is not None:
+            return found
+    if isinstance(v, BaseModel):
+        if not _has_loose_fields(type(v)):
+            return None
+        parts: list[tuple[str, Any, Any]] = [
+            (name, getattr(v, name, None), info.annotation)
+            for name, info in type(v).model_fields.items()
+        ]
+        parts += [(str(k), item, Any) for k, item in (v.__pydantic_extra__ or {}).items()]
+        for name, item, declared in parts:
+            path.append(_field(name))
+            found = _loose_problem(item, path, depth + 1, declared)
+            if found is not None:
+                return found
+            path.pop()
+        return None
+    if isinstance(v, dict):
+        inner = _inner(annotation, dict)
+        for k, item in v.items():
+            path.append(_field(k) if isinstance(k, str) else f"[{k!r}]")
+            found = _loose_problem(item, path, depth + 1, inner)
+            if found is not None:
+                return found
+            path.pop()
+    elif isinstance(v, list | tuple):
+        inner = _inner(annotation, list)
+        for index, item in enumerate(v):
+            path.append(f"[{index}]")
+            found = _loose_problem(item, path, depth + 1, inner)
+            if found is not None:
+                return found
+            path.pop()
+    return None
+
+
+def _inner(annotation: Any, container: type) -> Any:
+    """The declared type of the values (``dict``) or items (``list``) of a container whose
+    own declared type is ``annotation``; ``Any`` when only a guess covers them."""
+    if annotation is _DECLARED_TYPE:
+        return _DECLARED_TYPE
+    if _is_loose(annotation):
+        return Any
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return _inner(args[0], container)
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in args if a is not type(None)]
+        if len(options) == 1:
+            return _inner(options[0], container)
+    elif container is dict and isinstance(origin, type) and issubclass(origin, Mapping):
+        return args[1] if len(args) == 2 else Any
+    elif container is list and origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return args[0]
+    elif container is list and isinstance(origin, type) and issubclass(origin, Iterable):
+        return args[0] if args else Any
+    return Any if _mentions_loose(annotation) else _DECLARED_TYPE
+
+
+def _mentions_loose(annotation: Any) -> bool:
+    stack = [annotation]
+    while stack:
+        a = stack.pop()
+        if _is_loose(a):
+            return True
+        stack.extend(typing.get_args(a))
+    return False
+
+
+@functools.cache
+def _has_loose_fields(cls: type[BaseModel]) -> bool:
+    """Whether a ``cls`` value can hold a part no declared type covers (cached per class)."""
+    if cls.model_config.get("extra") == "allow":
+        return True
+    seen: set[object] = {cls}
+    stack = [info.annotation for info in cls.model_fields.values()]
+    while stack:
+        annotation = stack.pop()
+        if _is_loose(annotation):
+            return True
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            if annotation not in seen:
+                seen.add(annotation)
+                if annotation.model_config.get("extra") == "allow":
+                    return True
+                stack.extend(info.annotation for info in annotation.model_fields.values())
+            continue
+        stack.extend(typing.get_args(annotation))
+    return False
+
+
+def _is_loose(annotation: Any) -> bool:
+    """``Any``, ``object`` or no annotation at all: pydantic guesses how to serialise it."""
+    return annotation is Any or annotation is object or annotation is None
 
 
 def _surrogate_at(s: str) -> int | None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
@@ -30,6 +29,7 @@ from typing import Any, NoReturn, TypeVar
 import click
 
 from flowx import codec
+from flowx.cli import inputs
 from flowx.cli.output import clip, emit_json, table
 from flowx.errors import DeadLetterNotFound, FlowNotFound, FlowXError, InstanceNotFound
 from flowx.hosting.host import FlowHost
@@ -68,6 +68,7 @@ _USAGE_CODES = frozenset(
         "signal.unknown",
         "signal.payload_invalid",
         "cli.flow_not_carried",
+        inputs.INPUT_UNREADABLE,
         INPUT_UNSTORABLE,
         SIGNAL_UNSTORABLE,
     }
@@ -223,7 +224,7 @@ def _cursor(before: str) -> tuple[datetime, str]:
 # -- commands -------------------------------------------------------------------------------
 
 
-@click.group()
+@click.group(cls=inputs.TextArgsGroup)
 @click.version_option(package_name="flowx")
 def cli() -> None:
     """FlowX: durable flows. A crash loses nothing; a zombie writes nothing."""
@@ -335,9 +336,10 @@ def start(
     The command only journals the instance and exits; a ``flowx worker`` carrying the flow
     picks it up, so starting never depends on this process staying alive.
     """
-    if input_json is not None and input_file is not None:
-        raise click.UsageError("give --input or --input-file, not both")
-    payload = input_file.read_text() if input_file is not None else (input_json or "{}")
+    try:
+        payload, value = inputs.input_text(input_json, input_file)
+    except FlowXError as exc:
+        fail(exc)
 
     async def main() -> tuple[str, bool]:
         stores = from_url(db, leases=leases)
@@ -351,6 +353,12 @@ def start(
                 "start it in-process with FlowHost.start, or declare it Durable",
                 code="cli.ephemeral_flow",
             )
+        # A value the journal cannot store (a lone surrogate written as a \\u escape, NaN) is
+        # refused as the host refuses it, before pydantic's JSON parser reports it as
+        # malformed JSON.
+        codec.dumps(
+            value, root="input", code=INPUT_UNSTORABLE, context=f"the start of {plan.ref}"
+        )
         try:
             async with host:
                 handle = await host.start(
@@ -679,12 +687,9 @@ def signal(
     not fit, or --flows does not carry the flow.
     """
     try:
-        json.loads(payload)
-    except ValueError as exc:
-        raise click.BadParameter(
-            f"not valid JSON ({exc}); quote it for the shell, e.g. --payload '{{\"a\": 1}}'",
-            param_hint="--payload",
-        ) from exc
+        payload, value = inputs.payload_text(payload)
+    except FlowXError as exc:
+        fail(exc)
     plans = _load(flows)
 
     async def main() -> SignalReceipt:
@@ -698,6 +703,16 @@ def signal(
                 except FlowXError as exc:
                     if exc.code != "signal.payload_invalid":
                         raise
+                    # pydantic reports a lone surrogate's \\u escape as malformed JSON; say what
+                    # is really wrong, as the host says it of a payload given as a value.
+                    record = await host.get(instance_id)
+                    ref = host.plan(record.flow_id, record.flow_version).ref
+                    codec.dumps(
+                        value,
+                        root="payload",
+                        code=SIGNAL_UNSTORABLE,
+                        context=f"signal {name!r} for {ref}",
+                    )
                     raise FlowXError(
                         f"{exc}; pass --payload as a JSON object of that shape",
                         code=exc.code,

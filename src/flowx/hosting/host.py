@@ -50,7 +50,13 @@ from flowx.hosting.lease import DurableLease, LeaseKeeper
 from flowx.hosting.recovery import RecoveryScanResult, RecoveryService, ResumeVerdict
 from flowx.hosting.replay import ReplayPlan, plan_replay
 from flowx.hosting.settings import HostSettings
-from flowx.hosting.storable import signal_payload, start_input, tenant_key
+from flowx.hosting.storable import (
+    partition_of,
+    signal_payload,
+    start_input,
+    storable_id,
+    tenant_key,
+)
 from flowx.hosting.timers import TimerService
 from flowx.metrics import COMPENSATION_FAILED, DEADLINE_EXCEEDED
 from flowx.outbox import EventPublisher, OutboxPublisher
@@ -658,7 +664,7 @@ class FlowHost:
         else:
             instance_id = str(uuid.uuid4())
         now = self.clock.now()
-        tenant = plan.partition_key(value) if plan.partition_key is not None else None
+        tenant = partition_of(plan, value)
         new = NewInstance(
             instance_id=instance_id,
             flow_id=plan.flow_id,
@@ -687,10 +693,7 @@ class FlowHost:
         """Create a sub-flow's child instance (its id derived from the parent's step, so a
         re-executed parent finds it) and run it here if this node can."""
         now = self.clock.now()
-        try:
-            tenant = plan.partition_key(value) if plan.partition_key is not None else None
-        except Exception as exc:
-            raise InputInvalid(plan.flow_id, f"partition_key raised {exc!r}") from exc
+        tenant = partition_of(plan, value)
         try:  # R9.5: refused before anything is written; the parent's sub_flow step fails
             input_text = codec.dumps(value, root="input")
             tenant = tenant_key(plan, tenant)
@@ -1269,6 +1272,8 @@ class FlowHost:
     # -- reading ---------------------------------------------------------------------------
 
     async def get(self, instance_id: str) -> InstanceRecord:
+        if not storable_id(instance_id):  # no journal could hold it, so none does
+            raise InstanceNotFound(instance_id)
         record = await self._require_stores().journal.get(instance_id)
         if record is None:
             raise InstanceNotFound(instance_id)
