@@ -32,4 +32,6 @@ CODES: Final[dict[str, str]] = {
     "FLOWX1022": "a sub_flow whose child (or parent) is not Durable",
     "FLOWX1023": "a signal name that is empty or uses the reserved 'flowx.' prefix",
     "FLOWX1024": "an emit in an Ephemeral flow, or an event with no declared contract",
+    "FLOWX1026": "a name (flow, step, signal, capability) that is empty, too long or not printable",
+    "FLOWX1027": "a retry policy argument out of range (attempts, backoff, multiplier, delays)",
 }
