@@ -302,6 +302,8 @@ class FlowHost:
         self._opened = False
         self._recovery_task: asyncio.Task[None] | None = None
         self._connector: asyncio.Task[None] | None = None
+        #: Why the journal could not be reached at start-up, for the error Durable calls get.
+        self._unreachable_because = ""
         self._store_ready = False
         self._connected = asyncio.Event()
         self._threads: ThreadPoolExecutor | None = None
@@ -417,6 +419,7 @@ class FlowHost:
             try:
                 await self._connect()
             except (JournalUnavailable, LeaseUnavailable) as exc:
+                self._unreachable_because = str(exc)
                 log.warning(
                     "journal unavailable at start-up (%s); reconnecting in the "
                     "background, Durable flows refused until then",
@@ -599,9 +602,11 @@ class FlowHost:
                 "profile=flowx.Ephemeral if losing it on a crash is acceptable"
             )
         if self._opened and not self._store_ready:
+            cause = self._unreachable_because
             raise JournalUnavailable(
                 f"the journal ({self.store.describe()}) has not been reachable since this "
-                "node started; it is reconnecting in the background, retry later"
+                f"node started{f' ({cause})' if cause else ''}; it is reconnecting in the "
+                "background, retry later"
             )
         return self.store
 
