@@ -109,16 +109,17 @@ def check_schema(schema: object, url: str = "") -> str:
     return schema
 
 
-def check_redis(url: str, what: str = "Redis") -> str:
+def check_redis(url: str, what: str = "Redis", *, code: str | None = None) -> str:
     """Check a ``redis://``, ``rediss://`` or ``unix://`` URL; in particular its database
     index, which redis-py would otherwise ignore when it is not a number."""
     check_text(url, what)
-    parts = split(url, what)
+    parts = split(url, what, code=code)
     if parts.scheme not in ("redis", "rediss", "unix"):
         raise BadURL(
             f"{what} URL {redact(url)!r} has scheme {parts.scheme!r}; use "
             "redis://host:6379/0, rediss://... or unix:///path/redis.sock?db=0",
             url=redact(url),
+            code=code,
         )
     index = [v for k, v in parse_qsl(parts.query, keep_blank_values=True) if k == "db"]
     db = index[-1] if index else None
@@ -129,6 +130,7 @@ def check_redis(url: str, what: str = "Redis") -> str:
             f"{what} URL {redact(url)!r}: database index {db!r} is not a number from 0 to "
             "the server's 'databases' setting (16 by default); write e.g. redis://host:6379/0",
             url=redact(url),
+            code=code,
         )
     return url
 

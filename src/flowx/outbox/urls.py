@@ -16,7 +16,7 @@ _USAGE = (
 def publisher_from_url(url: str) -> EventPublisher:
     """``redis://…`` (Redis Streams), ``amqp://…`` (RabbitMQ), ``nats://…`` (JetStream);
     several, comma-separated, publish to each (``FanOutPublisher``)."""
-    check_text(url, "publisher")
+    check_text(url, "publisher")  # NUL, bytes that are not UTF-8
     parts = [u.strip() for u in url.split(",") if u.strip()]
     if not parts:
         raise BadURL(_USAGE.format(url=redact(url)), url=redact(url), code=_CODE)
@@ -25,7 +25,7 @@ def publisher_from_url(url: str) -> EventPublisher:
     url = parts[0]
     scheme = split(url, "publisher", code=_CODE).scheme
     if scheme in ("redis", "rediss", "unix"):
-        check_redis(url, "publisher")
+        check_redis(url, "publisher", code=_CODE)
         from flowx.outbox.redis_streams import RedisStreamsPublisher
 
         return RedisStreamsPublisher(url)
