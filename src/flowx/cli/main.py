@@ -143,7 +143,9 @@ def exit_code(exc: FlowXError) -> int:
 
 def fail(exc: FlowXError) -> NoReturn:
     """Print ``exc`` as one line on stderr and exit with its code."""
-    click.echo(f"error: {exc}", err=True)
+    # A message may quote what was given, lone surrogates included: escape them, or
+    # printing the error would itself fail with a UnicodeEncodeError.
+    click.echo(f"error: {codec.printable(str(exc))}", err=True)
     sys.exit(exit_code(exc))
 
 
@@ -795,7 +797,9 @@ def replay(
     1 when a --wait replay ends CompensationFailed again or, forward, Failed again.
     """
     plans = _load(flows)
-    target: str | int = int(from_step) if from_step.isdigit() else from_step
+    # isdigit() is true of '²' too, which int() refuses: only ASCII digits are a step id.
+    numeric = from_step.isascii() and from_step.isdigit()
+    target: str | int = int(from_step) if numeric else from_step
 
     async def main() -> tuple[ReplayPlan, InstanceRecord | None]:
         stores = from_url(db, leases=leases)
