@@ -238,10 +238,11 @@ def test_a_bad_lease_store_url_is_one_line_without_its_secret(
     [
         ("amqp://guest:s3cret@[::1", "cannot be parsed"),
         ("redis://127.0.0.1:6379/x", "database index 'x'"),
+        ("redis://:s3cret@127.0.0.1:6379/99999", "DB index is out of range"),
         ("kafka://127.0.0.1:9092", "cannot publish to"),
         (",", "cannot publish to"),
     ],
-    ids=["ipv6", "redis-db", "scheme", "empty"],
+    ids=["ipv6", "redis-db", "redis-db-range", "scheme", "empty"],
 )
 def test_a_bad_publisher_url_stops_the_worker_with_one_line(
     db: str, url: str, says: str

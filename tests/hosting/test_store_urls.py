@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -166,3 +167,44 @@ def test_a_malformed_publisher_url_is_bad_url(url: str, says: str) -> None:
         publisher_from_url(url)
     assert caught.value.code == "outbox.bad_publisher_url"
     assert says in str(caught.value) and "s3cret" not in str(caught.value)
+
+
+def test_a_redis_publisher_the_server_refuses_is_bad_url_and_keeps_events() -> None:
+    """At open, ``BadURL``; a publish round meanwhile fails *transiently*, so no event is
+    dead-lettered for a configuration mistake."""
+    from flowx.outbox.redis_streams import RedisStreamsPublisher
+
+    async def main() -> None:
+        publisher = RedisStreamsPublisher(REDIS + "/99999")
+        try:
+            with pytest.raises(BadURL, match="DB index is out of range"):
+                await publisher.open()
+            event = _event()
+            result = await publisher.publish([event])
+            assert result.acknowledged == 0
+            assert result.failure is not None and not result.failure.permanent
+            assert "DB index is out of range" in result.failure.reason
+        finally:
+            await publisher.close()
+
+    asyncio.run(main())
+
+
+def _event() -> Any:
+    from datetime import UTC, datetime
+
+    from flowx.stores.records import EventRecord
+
+    return EventRecord(
+        event_id="e-1",
+        instance_id="i-1",
+        sequence=1,
+        ordinal=0,
+        staged_seq=1,
+        type="t",
+        schema_version="1",
+        partition_key=None,
+        payload="{}",
+        published_at=None,
+        staged_at=datetime.now(UTC),
+    )

@@ -24,6 +24,7 @@ from flowx.hosting.settings import HostSettings
 from flowx.hosting.stores import from_url
 from flowx.outbox.urls import publisher_from_url
 from flowx.plan.model import Plan
+from flowx.urls import BadURL
 
 log = logging.getLogger("flowx.worker")
 
@@ -103,12 +104,23 @@ async def serve(
     publish_url: str | None = None,
 ) -> int:
     """Run a node until SIGTERM/SIGINT, then drain. Returns the exit code."""
+    publisher = publisher_from_url(publish_url) if publish_url else None
+    if publisher is not None:
+        # A broker that is down stops nothing (the host's loop retries it, SPEC §8), but a
+        # URL it refuses (BadURL) stops the worker here, with one line, rather than every
+        # publish round failing for ever.
+        try:
+            await publisher.open()
+        except BadURL:
+            raise
+        except Exception as exc:
+            log.debug("broker %s not reached before start-up: %r", publisher.name, exc)
     host = FlowHost(
         store=from_url(store_url, leases=leases_url),
         flows=plans,
         settings=settings,
         node_id=node_id,
-        publisher=publisher_from_url(publish_url) if publish_url else None,
+        publisher=publisher,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
