@@ -250,3 +250,32 @@ def test_a_bad_publisher_url_stops_the_worker_with_one_line(
     code, _, err = flowx_("worker", "--db", db, "--flows", FLOWS_REF, "--publish", url)
     assert code == 1
     assert "Traceback" not in err and says in err and "s3cret" not in err
+
+
+# -- other arguments ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "says"),
+    [
+        (("start", "x", "--flows", "os:path"), 1, "is a module, not a plan"),
+        (("start", "x", "--flows", "tests.cli.unstorable_flows:Reading"), 1, "is the class"),
+        (("start", "x", "--flows", "..:x"), 1, "must be module:attribute"),
+        (("list", "--before", "0001-01-01T00:00:00+14:00,x"), 2, "outside the dates"),
+        (("list", "--before", "9999-12-31T23:59:59-14:00,x"), 2, "outside the dates"),
+        (("replay", "--instance", "x", "--from", "\u00b2", "--flows", FLOWS_REF), 3, "no flow"),
+        (
+            ("worker", "--flows", FLOWS_REF, "--ready-file", "/proc/flowx-ready"),
+            1,
+            "cannot write --ready-file '/proc/flowx-ready'",
+        ),
+    ],
+    ids=["flows-module", "flows-class", "flows-relative", "before-min", "before-max",
+         "replay-superscript", "ready-file"],
+)  # fmt: skip
+def test_other_bad_arguments_are_one_line(
+    db: str, args: tuple[str, ...], code: int, says: str
+) -> None:
+    exit_code, _, err = flowx_(*args, "--db", db)
+    assert exit_code == code, err
+    assert "Traceback" not in err and says in err

@@ -220,6 +220,12 @@ def _cursor(before: str) -> tuple[datetime, str]:
         )
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
+    try:
+        moment.astimezone(UTC)  # a stamp at the calendar's edge has no UTC form
+    except OverflowError as exc:
+        raise click.BadParameter(
+            f"{before!r}: {stamp} is outside the dates a journal holds", param_hint="--before"
+        ) from exc
     return moment, instance_id
 
 

@@ -35,7 +35,7 @@ def load_flows(specs: Iterable[str]) -> list[Plan]:
     plans: list[Plan] = []
     for spec in specs:
         module_name, _, attr = spec.partition(":")
-        if not module_name or not attr:
+        if not module_name or not attr or module_name.startswith("."):
             raise FlowXError(
                 f"--flows {spec!r} must be module:attribute, e.g. myapp.flows:FLOWS",
                 code="worker.bad_flows",
@@ -54,9 +54,22 @@ def load_flows(specs: Iterable[str]) -> list[Plan]:
             raise FlowXError(
                 f"{module_name} has no attribute {attr!r} for --flows", code="worker.bad_flows"
             ) from exc
+        if isinstance(value, type):  # a model or a class: calling it builds no plan
+            raise FlowXError(
+                f"{spec} is the class {value.__name__}, not a plan, a list of plans or a "
+                "function returning them",
+                code="worker.bad_flows",
+            )
         if callable(value) and not isinstance(value, Plan):
             value = value()
-        found = [value] if isinstance(value, Plan) else list(value)
+        try:
+            found = [value] if isinstance(value, Plan) else list(value)
+        except TypeError as exc:  # a module, a number: not an iterable of plans
+            raise FlowXError(
+                f"{spec} is a {type(value).__name__}, not a plan, a list of plans or a "
+                "function returning them",
+                code="worker.bad_flows",
+            ) from exc
         for plan in found:
             if not isinstance(plan, Plan):
                 raise FlowXError(
@@ -134,7 +147,14 @@ async def serve(
         ", ".join(p.ref for p in plans),
     )
     if ready_file is not None:
-        ready_file.write_text(host.node_id)  # noqa: ASYNC240 - one tiny write at start-up
+        try:
+            ready_file.write_text(host.node_id)  # noqa: ASYNC240 - one tiny write at start-up
+        except OSError as exc:  # a supervisor waits on this file: without it, stop at once
+            await host.drain()
+            raise FlowXError(
+                f"cannot write --ready-file {str(ready_file)!r}: {exc.strerror or exc}",
+                code="worker.bad_ready_file",
+            ) from exc
     await stop.wait()
     log.info("worker %s draining (%d in flight)", host.node_id, host.in_flight)
     await host.drain()
