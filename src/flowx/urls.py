@@ -145,10 +145,25 @@ def check_sqlite_path(path: str | Path) -> Path:
         check_text(path, "SQLite")
     target = Path(path)
     shown = redact(str(path))
+    try:
+        return _usable_sqlite_path(target, shown)
+    except OSError as exc:  # a name too long, a loop of links, ...
+        raise BadURL(
+            f"SQLite path {shown!r} cannot be used: {exc.strerror or exc}", url=shown
+        ) from exc
+
+
+def _usable_sqlite_path(target: Path, shown: str) -> Path:
     if target.is_dir():
         raise BadURL(
             f"SQLite path {shown!r} is a directory; name a file in it, e.g. "
             f"sqlite:///{(target / 'flowx.db').as_posix()}",
+            url=shown,
+        )
+    if target.exists() and not target.is_file():
+        raise BadURL(
+            f"SQLite path {shown!r} is not a regular file (a device, a socket, a pipe); "
+            "name a file, e.g. sqlite:///flowx.db",
             url=shown,
         )
     folder = target.parent

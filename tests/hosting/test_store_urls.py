@@ -113,6 +113,10 @@ def test_a_sqlite_directory_or_unwritable_place_is_bad_url(tmp_path: Path) -> No
         flowx.sqlite(tmp_path)
     with pytest.raises(BadURL, match="is a directory"):
         from_url(f"sqlite:///{tmp_path}")
+    with pytest.raises(BadURL, match="is not a regular file"):
+        from_url("sqlite:////dev/null")
+    with pytest.raises(BadURL, match="File name too long"):
+        flowx.sqlite(tmp_path / ("a" * 5000))
 
     async def proc() -> None:  # os.access never refuses root: the store's open says it
         stores = from_url("sqlite:////proc/flowx-test.db")
