@@ -14,7 +14,7 @@ import os
 import re
 from pathlib import Path
 from typing import Final
-from urllib.parse import SplitResult, parse_qsl, urlsplit
+from urllib.parse import SplitResult, parse_qsl, urlencode, urlsplit, urlunsplit
 
 from flowx.errors import FlowXError
 
@@ -26,7 +26,10 @@ _MAX_REDIS_DB: Final = 2**31 - 1
 _SECRET_KEYS: Final = ("password", "passwd", "pass", "pwd", "sslpassword", "secret", "token")
 _SECRET_PARAM = re.compile(
     r"(?i)(?P<key>(?:^|[?&;\s])(?:" + "|".join(_SECRET_KEYS) + r")\s*=\s*)"
-    r"(?P<value>'(?:[^'\\]|\\.)*'|[^&;\s]*)"
+    # A quoted value (to the end if the quote is never closed), or words up to the next
+    # ``key=``: libpq reads ``password=abc def`` as a typo, but ``def`` may be a secret.
+    r"(?P<value>'(?:[^'\\]|\\.)*(?:'|$)"
+    r"|[^&;\s]+(?:\s+(?![A-Za-z_][A-Za-z0-9_]*\s*=)[^&;\s]+)*|)"
 )
 #: ``scheme://user:secret@`` and ``scheme://:secret@``: everything between the first ``:`` of
 #: the authority and its last ``@`` is the password (a password may itself hold ``@``).
@@ -93,7 +96,43 @@ def check_postgres(url: str, schema: str | None = None) -> str:
     named = [v for k, v in parse_qsl(parts.query, keep_blank_values=True) if k == "flowx_schema"]
     chosen = schema or (named[-1] if named else None) or "flowx"
     check_schema(chosen, url)
+    _check_conninfo(url)
     return chosen
+
+
+def _check_conninfo(url: str) -> None:
+    """libpq's own parse of the DSN (FlowX's ``flowx_*`` parameters aside): an unknown
+    parameter (``?foo=bar``) would otherwise fail every connection attempt, and surface only
+    as a pool that never filled."""
+    try:
+        from psycopg import ProgrammingError
+        from psycopg.conninfo import conninfo_to_dict
+    except ImportError:  # the store itself says psycopg is missing
+        return
+    parts = split(url, "PostgreSQL")
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    own = urlencode([(k, v) for k, v in query if not k.startswith("flowx_")])
+    try:
+        conninfo_to_dict(urlunsplit(parts._replace(query=own)) if parts.scheme else url)
+    except ProgrammingError as exc:
+        shown = redact(url)
+        # libpq's message may quote part of the DSN ("missing = after "pw""): a quoted
+        # fragment that is (a word of) a password is redacted.
+        secrets = _secrets(url)
+        detail = re.sub(
+            r'"([^"]*)"',
+            lambda m: f'"{_REDACTED}"' if m[1] in secrets else m[0],
+            " ".join(str(exc).split()),
+        )
+        raise BadURL(f"PostgreSQL URL {shown!r} is not valid: {detail}", url=shown) from exc
+
+
+def _secrets(url: str) -> set[str]:
+    """Every password ``url`` holds, and each word of it, to scrub from a driver's message."""
+    found = {m["pw"] for m in _USERINFO.finditer(url)}
+    found |= {m["value"].strip("'") for m in _SECRET_PARAM.finditer(url)}
+    words = {w for secret in found for w in secret.split()}
+    return {s for s in found | words if s}
 
 
 def check_schema(schema: object, url: str = "") -> str:

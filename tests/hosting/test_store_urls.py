@@ -61,6 +61,7 @@ def test_redact_keeps_a_message_one_printable_line() -> None:
         ("sqlite:///", "store.bad_url", "has no path"),
         ("sqlite:///a\x00b.db", "store.bad_url", "NUL byte"),
         ("mongodb://u:s3cret@h/db", "store.bad_url", "unknown store URL"),
+        (PG + "?password=s3cret&foo=bar", "store.bad_url", 'invalid URI query parameter: "foo"'),
     ],
 )
 def test_a_malformed_store_url_is_bad_url(url: str, code: str, says: str) -> None:
@@ -212,3 +213,15 @@ def _event() -> Any:
         published_at=None,
         staged_at=datetime.now(UTC),
     )
+
+
+@pytest.mark.parametrize(
+    "dsn",
+    ["host=db password=s3cret extra", "host=db password=s3cret more words", "password='s3cret"],
+)
+def test_a_malformed_keyword_dsn_is_bad_url_without_any_of_its_secret(dsn: str) -> None:
+    """libpq's own message quotes the word it choked on; a word of a password is redacted."""
+    with pytest.raises(BadURL, match="is not valid") as caught:
+        flowx.postgres(dsn, migrate=False)
+    for word in ("s3cret", "extra", "more", "words"):
+        assert word not in str(caught.value)
