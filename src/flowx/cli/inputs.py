@@ -13,6 +13,7 @@ dates and the like); the parse here only proves it is JSON FlowX can store.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
@@ -105,3 +106,30 @@ def checked(text: str, option: str) -> tuple[str, Any]:
 
 def _unreadable(option: str, detail: str) -> FlowXError:
     return FlowXError(f"{option}: {detail}", code=INPUT_UNREADABLE)
+
+
+def cursor(before: str) -> tuple[datetime, str]:
+    """Parse ``CREATED_AT,ID`` as printed by the previous page.
+
+    A timestamp without a zone is taken as UTC, the zone every store writes: a local-time
+    reading would silently page from the wrong place.
+    """
+    stamp, sep, instance_id = before.partition(",")
+    try:
+        moment = datetime.fromisoformat(stamp)
+    except ValueError:
+        moment = None
+    if moment is None or not sep or not instance_id:
+        raise click.BadParameter(
+            f"{before!r} is not CREATED_AT,ID (copy it from the 'more:' line of the last page)",
+            param_hint="--before",
+        )
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    try:
+        moment.astimezone(UTC)  # a stamp at the calendar's edge has no UTC form
+    except OverflowError as exc:
+        raise click.BadParameter(
+            f"{before!r}: {stamp} is outside the dates a journal holds", param_hint="--before"
+        ) from exc
+    return moment, instance_id

@@ -22,7 +22,7 @@ import dataclasses
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
@@ -200,33 +200,6 @@ def step_dict(s: StepRecord) -> dict[str, Any]:
 
 def _stamp(moment: datetime, timespec: str = "seconds") -> str:
     return moment.isoformat(timespec=timespec)
-
-
-def _cursor(before: str) -> tuple[datetime, str]:
-    """Parse ``CREATED_AT,ID`` as printed by the previous page.
-
-    A timestamp without a zone is taken as UTC, the zone every store writes: a local-time
-    reading would silently page from the wrong place.
-    """
-    stamp, sep, instance_id = before.partition(",")
-    try:
-        moment = datetime.fromisoformat(stamp)
-    except ValueError:
-        moment = None
-    if moment is None or not sep or not instance_id:
-        raise click.BadParameter(
-            f"{before!r} is not CREATED_AT,ID (copy it from the 'more:' line of the last page)",
-            param_hint="--before",
-        )
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    try:
-        moment.astimezone(UTC)  # a stamp at the calendar's edge has no UTC form
-    except OverflowError as exc:
-        raise click.BadParameter(
-            f"{before!r}: {stamp} is outside the dates a journal holds", param_hint="--before"
-        ) from exc
-    return moment, instance_id
 
 
 # -- commands -------------------------------------------------------------------------------
@@ -415,7 +388,7 @@ def list_(
     Paged by keyset (created_at, instance id) rather than offset, so a page is stable while
     new instances keep arriving at the top.
     """
-    cursor = _cursor(before) if before else None
+    cursor = inputs.cursor(before) if before else None
     query = InstanceQuery(
         limit=limit,
         flow_id=flow_id,
