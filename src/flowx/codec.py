@@ -302,12 +302,13 @@ def _raw_problem(v: Any) -> str | None:
     return None
 
 
-# -- model fields typed Any ------------------------------------------------------------------
+# -- fields typed Any ----------------------------------------------------------------------
 #
-# pydantic serialises a field declared ``Any`` (or ``object``, or an extra field) by looking
-# at the value: NaN becomes null, bytes become text, a set a list, an int key a str key. No
-# declared type reads it back, so that would change stored data; such a field is checked as
-# a raw value instead. Models without one are not walked: this runs on every step commit.
+# pydantic serialises a model or dataclass field declared ``Any`` (or ``object``, or a model's
+# extra field) by looking at the value: NaN becomes null (in a model), bytes become text, a
+# set a list, an int key a str key. No declared type reads it back, so that would change
+# stored data; such a field is checked as a raw value instead. Classes without one are not
+# walked (known per class, cached): this runs on every step commit.
 
 
 def _refuse_if_loose(value: Any, root: str) -> None:
@@ -331,14 +332,15 @@ def _loose_problem(v: Any, path: list[str], depth: int, annotation: Any) -> str 
         found = _problem(v, path, depth, raw=True)
         if found is not None:
             return found
-    if isinstance(v, BaseModel):
-        if not _has_loose_fields(type(v)):
+    if isinstance(v, BaseModel) or _is_dataclass_instance(v):
+        cls: type = type(v)
+        if not _has_loose_fields(cls):
             return None
         parts: list[tuple[str, Any, Any]] = [
-            (name, getattr(v, name, None), info.annotation)
-            for name, info in type(v).model_fields.items()
+            (name, getattr(v, name, None), declared) for name, declared in _declared_fields(cls)
         ]
-        parts += [(str(k), item, Any) for k, item in (v.__pydantic_extra__ or {}).items()]
+        if isinstance(v, BaseModel):
+            parts += [(str(k), item, Any) for k, item in (v.__pydantic_extra__ or {}).items()]
         for name, item, declared in parts:
             path.append(_field(name))
             found = _loose_problem(item, path, depth + 1, declared)
@@ -348,7 +350,10 @@ def _loose_problem(v: Any, path: list[str], depth: int, annotation: Any) -> str 
         return None
     if isinstance(v, dict):
         inner = _inner(annotation, dict)
+        scalars_ok = not _is_loose(inner)  # else each value is checked raw, below
         for k, item in v.items():
+            if scalars_ok and type(item) in _SCALARS:
+                continue
             path.append(_field(k) if isinstance(k, str) else f"[{k!r}]")
             found = _loose_problem(item, path, depth + 1, inner)
             if found is not None:
@@ -356,7 +361,10 @@ def _loose_problem(v: Any, path: list[str], depth: int, annotation: Any) -> str 
             path.pop()
     elif isinstance(v, list | tuple):
         inner = _inner(annotation, list)
+        scalars_ok = not _is_loose(inner)
         for index, item in enumerate(v):
+            if scalars_ok and type(item) in _SCALARS:
+                continue
             path.append(f"[{index}]")
             found = _loose_problem(item, path, depth + 1, inner)
             if found is not None:
@@ -400,22 +408,41 @@ def _mentions_loose(annotation: Any) -> bool:
 
 
 @functools.cache
-def _has_loose_fields(cls: type[BaseModel]) -> bool:
-    """Whether a ``cls`` value can hold a part no declared type covers (cached per class)."""
-    if cls.model_config.get("extra") == "allow":
-        return True
-    seen: set[object] = {cls}
-    stack = [info.annotation for info in cls.model_fields.values()]
+def _declared_fields(cls: type) -> tuple[tuple[str, Any], ...]:
+    """``(name, declared type)`` of a model's or a dataclass's fields (cached per class). A
+    dataclass whose annotations cannot be resolved counts as fully declared: no guess."""
+    if issubclass(cls, BaseModel):
+        return tuple((name, info.annotation) for name, info in cls.model_fields.items())
+    fields = dataclasses.fields(typing.cast(Any, cls))
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:  # a forward reference that names nothing importable
+        return tuple((f.name, _DECLARED_TYPE) for f in fields)
+    return tuple((f.name, hints.get(f.name, Any)) for f in fields)
+
+
+def _extra_allowed(cls: type) -> bool:
+    return issubclass(cls, BaseModel) and cls.model_config.get("extra") == "allow"
+
+
+def _has_fields(cls: object) -> bool:
+    return isinstance(cls, type) and (issubclass(cls, BaseModel) or dataclasses.is_dataclass(cls))
+
+
+@functools.cache
+def _has_loose_fields(cls: type) -> bool:
+    """Whether a ``cls`` value (a model or a dataclass) can hold a part no declared type
+    covers (cached per class)."""
+    seen: set[object] = set()
+    stack: list[Any] = [cls]
     while stack:
         annotation = stack.pop()
-        if _is_loose(annotation):
+        if _is_loose(annotation) or (_has_fields(annotation) and _extra_allowed(annotation)):
             return True
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        if _has_fields(annotation):
             if annotation not in seen:
                 seen.add(annotation)
-                if annotation.model_config.get("extra") == "allow":
-                    return True
-                stack.extend(info.annotation for info in annotation.model_fields.values())
+                stack.extend(declared for _, declared in _declared_fields(annotation))
             continue
         stack.extend(typing.get_args(annotation))
     return False

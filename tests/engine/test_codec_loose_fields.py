@@ -5,6 +5,7 @@ field back, so the codec now checks it as a raw value (SPEC R9.5; issue 12 item 
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime
 from typing import Annotated, Any, Optional
 
@@ -38,6 +39,17 @@ class Extra(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
+@dataclasses.dataclass
+class Record:
+    loose: Any = None
+    blob: bytes = b""
+    items: list[Any] = dataclasses.field(default_factory=list)
+
+
+class Holder(BaseModel):
+    record: Record | None = None
+
+
 @pytest.mark.parametrize(
     ("value", "path", "says"),
     [
@@ -54,6 +66,9 @@ class Extra(BaseModel):
         (Extra(z=b"x"), "value.z", "is bytes"),
         ({"wrapped": Outer(loose=float("nan"))}, "value.wrapped.loose", "is nan"),
         (Outer(ratio=float("nan")), "value.ratio", "is nan"),
+        (Record(loose=b"x"), "value.loose", "is bytes"),
+        (Record(items=[{1: "a"}]), "value.items[0]", "has the key 1 (int)"),
+        (Holder(record=Record(loose={2})), "value.record.loose", "is a set"),
     ],
 )
 def test_a_loose_field_is_checked_as_a_raw_value(value: Any, path: str, says: str) -> None:
@@ -75,6 +90,7 @@ def test_declared_types_keep_their_own_serialiser() -> None:
     )
     text = codec.dumps(value)
     assert Outer.model_validate_json(text) == value
+    assert codec.dumps(Record(blob=b"ok", loose=[1])) == '{"blob":"ok","items":[],"loose":[1]}'
 
 
 def test_a_model_with_no_loose_field_is_not_walked() -> None:
@@ -82,5 +98,10 @@ def test_a_model_with_no_loose_field_is_not_walked() -> None:
         n: int = 0
         s: list[str] = []
 
-    assert not codec._has_loose_fields(Plain)
+    @dataclasses.dataclass
+    class PlainRecord:
+        n: int = 0
+
+    assert not codec._has_loose_fields(Plain) and not codec._has_loose_fields(PlainRecord)
     assert codec._has_loose_fields(Outer) and codec._has_loose_fields(Extra)
+    assert codec._has_loose_fields(Record) and codec._has_loose_fields(Holder)
