@@ -67,7 +67,9 @@ MAX_DEPTH: Final = 500
 #: also bounds the scan of a value that contains itself.
 _SCAN_BUDGET: Final = 100_000
 
-_PLAIN, _HAS_DECLARED, _SUSPECT = 0, 1, 2
+#: What ``_scan`` found: plain JSON values only; declared types too; a model or dataclass
+#: with a field typed ``Any`` as well; something else (judged by the walk).
+_PLAIN, _HAS_DECLARED, _HAS_LOOSE, _SUSPECT = 0, 1, 2, 3
 
 _WHAT_TO_DO = (
     "return a pydantic model, a dataclass or plain JSON values "
@@ -107,7 +109,8 @@ def _encode(value: Any, root: str) -> str:
     else:
         if kind == _SUSPECT:
             _refuse_if_found(value, root, raw=True)
-        _refuse_if_loose(value, root)
+        if kind != _HAS_DECLARED:
+            _refuse_if_loose(value, root)
         try:
             plain = to_jsonable_python(value)
         except (PydanticSerializationError, TypeError, ValueError) as exc:
@@ -185,12 +188,13 @@ def printable(message: str) -> str:
 def _scan(value: Any) -> int:
     """``_PLAIN`` when ``value`` is nothing but plain JSON containers and scalars (encode it
     as it is), ``_HAS_DECLARED`` when it also holds models, datetimes ... (pydantic converts
-    them), ``_SUSPECT`` when it holds anything else, to be judged by the walk that names it.
+    them), ``_HAS_LOOSE`` when one of those has a field typed ``Any`` (checked raw),
+    ``_SUSPECT`` when it holds anything else, to be judged by the walk that names it.
     No paths are built: this runs on every step commit."""
     if type(value) in _SCALARS:
         return _PLAIN
     stack = [value]
-    declared = False
+    declared = loose = False
     budget = _SCAN_BUDGET
     scalars = _SCALARS
     while stack:
@@ -210,8 +214,13 @@ def _scan(value: Any) -> int:
             stack.extend(v)
         elif isinstance(v, _DECLARED) or _is_dataclass_instance(v):
             declared = True
+            cls: type = t
+            if not loose and _has_fields(cls) and _has_loose_fields(cls):
+                loose = True
         else:
             return _SUSPECT
+    if loose:
+        return _HAS_LOOSE
     return _HAS_DECLARED if declared else _PLAIN
 
 
@@ -337,7 +346,7 @@ def _loose_problem(v: Any, path: list[str], depth: int, annotation: Any) -> str 
         if not _has_loose_fields(cls):
             return None
         parts: list[tuple[str, Any, Any]] = [
-            (name, getattr(v, name, None), declared) for name, declared in _declared_fields(cls)
+            (name, getattr(v, name, None), declared) for name, declared in _loose_fields(cls)
         ]
         if isinstance(v, BaseModel):
             parts += [(str(k), item, Any) for k, item in (v.__pydantic_extra__ or {}).items()]
@@ -419,6 +428,30 @@ def _declared_fields(cls: type) -> tuple[tuple[str, Any], ...]:
     except Exception:  # a forward reference that names nothing importable
         return tuple((f.name, _DECLARED_TYPE) for f in fields)
     return tuple((f.name, hints.get(f.name, Any)) for f in fields)
+
+
+@functools.cache
+def _loose_fields(cls: type) -> tuple[tuple[str, Any], ...]:
+    """The fields of ``cls`` whose declared type leaves some part to pydantic's guess: the
+    only ones the walk needs to look into."""
+    return tuple(
+        (name, declared)
+        for name, declared in _declared_fields(cls)
+        if _mentions_loose(declared) or _has_loose_fields_in(declared)
+    )
+
+
+def _has_loose_fields_in(annotation: Any) -> bool:
+    """Whether a model or dataclass named anywhere in ``annotation`` has loose fields."""
+    stack = [annotation]
+    while stack:
+        a = stack.pop()
+        if _has_fields(a):
+            if _has_loose_fields(a):
+                return True
+            continue
+        stack.extend(typing.get_args(a))
+    return False
 
 
 def _extra_allowed(cls: type) -> bool:
