@@ -269,9 +269,14 @@ def test_a_bad_publisher_url_stops_the_worker_with_one_line(
             1,
             "cannot write --ready-file '/proc/flowx-ready'",
         ),
+        (
+            ("worker", "--flows", FLOWS_REF, "--node-id", "a\nINFO forged"),
+            1,
+            "node_id 'a\\nINFO forged' holds '\\n'",
+        ),
     ],
     ids=["flows-module", "flows-class", "flows-relative", "before-min", "before-max",
-         "replay-superscript", "ready-file"],
+         "replay-superscript", "ready-file", "node-id"],
 )  # fmt: skip
 def test_other_bad_arguments_are_one_line(
     db: str, args: tuple[str, ...], code: int, says: str

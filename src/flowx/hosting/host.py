@@ -41,6 +41,7 @@ from flowx.errors import (
     NonDeterminismError,
     NonRetryableError,
     SerialisationError,
+    SettingsError,
 )
 from flowx.hosting.alerts import AlertSink, LoggingAlertSink
 from flowx.hosting.clock_offset import ClockWatch, JournalClock
@@ -59,6 +60,7 @@ from flowx.hosting.storable import (
 )
 from flowx.hosting.timers import TimerService
 from flowx.metrics import COMPENSATION_FAILED, DEADLINE_EXCEEDED
+from flowx.names import name_problem, shown
 from flowx.outbox import EventPublisher, OutboxPublisher
 from flowx.plan.model import AwaitSignalNode, ForEachNode, Plan, SubFlowNode, walk
 from flowx.stores.errors import (
@@ -280,6 +282,9 @@ class FlowHost:
     ) -> None:
         self.store = store
         self.settings = settings if settings is not None else HostSettings.load()
+        if node_id and name_problem(node_id) is not None:  # "" or None: a generated id
+            # It goes into lease rows and every log line: no forged lines, no driver errors.
+            raise SettingsError(f"node_id {shown(node_id)} {name_problem(node_id)}")
         self.node_id = node_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.clock: Clock = clock or SystemClock()
         self.registry = registry or default_registry
