@@ -225,3 +225,19 @@ def test_a_malformed_keyword_dsn_is_bad_url_without_any_of_its_secret(dsn: str) 
         flowx.postgres(dsn, migrate=False)
     for word in ("s3cret", "extra", "more", "words"):
         assert word not in str(caught.value)
+
+
+def test_a_database_the_server_does_not_have_is_named_in_the_error() -> None:
+    """The pool's ``PoolTimeout`` hid the server's answer; the error now carries it."""
+
+    async def main() -> None:
+        stores = from_url("postgresql://postgres@127.0.0.1:5432/flowx_no_such_db")
+        try:
+            with pytest.raises(flowx.JournalUnavailable) as caught:
+                await stores.open()
+        finally:
+            await stores.close()
+        assert 'database "flowx_no_such_db" does not exist' in str(caught.value)
+        assert "\n" not in str(caught.value)
+
+    asyncio.run(main())

@@ -53,7 +53,7 @@ def redact(dsn: str) -> str:
 def unavailable(dsn: str, exc: BaseException) -> JournalUnavailable:
     error = JournalUnavailable(
         f"PostgreSQL at {redact(dsn)} is unavailable ({type(exc).__name__}: "
-        f"{str(exc).strip() or 'no answer'}); retry when it is back"
+        f"{' '.join(str(exc).split()) or 'no answer'}); retry when it is back"
     )
     error.__cause__ = exc
     return error
@@ -228,12 +228,25 @@ class PostgresDatabase:
             await self.pool.open(wait=True, timeout=self._connect_timeout)
         except (PoolTimeout, psycopg.OperationalError) as exc:
             await self.pool.close()
-            raise unavailable(self.dsn, exc) from exc
+            raise unavailable(self.dsn, await self._why_not(exc)) from exc
         try:
             await self._check_and_migrate(migrate)
         except BaseException:
             await self.pool.close()
             raise
+
+    async def _why_not(self, exc: BaseException) -> BaseException:
+        """Why the pool could not fill: its ``PoolTimeout`` hides the server's answer
+        (``database "x" does not exist``, a failed password), so ask once directly."""
+        if not isinstance(exc, PoolTimeout):
+            return exc
+        try:
+            async with asyncio.timeout(self._connect_timeout):
+                conn = await psycopg.AsyncConnection.connect(self.dsn, **self._kwargs)
+        except (psycopg.Error, TimeoutError, OSError) as reason:
+            return reason
+        await conn.close()
+        return exc
 
     async def _check_and_migrate(self, migrate: bool) -> None:
         async with self.connection(bounded=False) as conn, conn.transaction():
