@@ -237,11 +237,13 @@ class PostgresDatabase:
 
     async def _why_not(self, exc: BaseException) -> BaseException:
         """Why the pool could not fill: its ``PoolTimeout`` hides the server's answer
-        (``database "x" does not exist``, a failed password), so ask once directly."""
+        (``database "x" does not exist``, a failed password), so ask once directly. A server
+        that answers does so at once; one that does not (a black hole) costs a quarter of the
+        connect timeout at most, so a node booting on a dead network is not held up."""
         if not isinstance(exc, PoolTimeout):
             return exc
         try:
-            async with asyncio.timeout(self._connect_timeout):
+            async with asyncio.timeout(min(1.0, self._connect_timeout / 4)):
                 conn = await psycopg.AsyncConnection.connect(self.dsn, **self._kwargs)
         except (psycopg.Error, TimeoutError, OSError) as reason:
             return reason
