@@ -90,7 +90,6 @@ def from_url(url: str, *, migrate: bool = True, leases: str | None = None) -> St
                 f"unknown lease store URL {redact(leases)!r}; use redis://host:6379/0",
                 url=redact(leases),
             )
-        check_redis(leases, "Redis lease store")
         return with_leases(from_url(url, migrate=migrate), redis_leases(leases))
     if url.startswith("sqlite:///"):
         path = url.removeprefix("sqlite:///")
