@@ -34,6 +34,9 @@ _SECRET_PARAM = re.compile(
 #: ``scheme://user:secret@`` and ``scheme://:secret@``: everything between the first ``:`` of
 #: the authority and its last ``@`` is the password (a password may itself hold ``@``).
 _USERINFO = re.compile(r"(?P<head>^[A-Za-z][A-Za-z0-9+.\-]*://[^/?#:@]*:)(?P<pw>[^/?#]*)(?=@)")
+#: The same when the password holds ``/``, ``?`` or ``#`` (the URL is then malformed, and
+#: quoted in an error): up to the last ``@``. It may hide more than the password; never less.
+_USERINFO_LOOSE = re.compile(r"(?P<head>^[A-Za-z][A-Za-z0-9+.\-]*://[^/?#:@]*:)(?P<pw>.*)(?=@)")
 _REDACTED: Final = "***"
 
 
@@ -53,7 +56,9 @@ class BadURL(FlowXError):
 def redact(url: str) -> str:
     """``url`` with every password replaced by ``***``: ``user:pw@``, ``://:pw@``,
     ``?password=pw`` and a keyword DSN's ``password=pw``. Clipped to one short line."""
-    shown = _USERINFO.sub(lambda m: m["head"] + _REDACTED, url)
+    shown, found = _USERINFO.subn(lambda m: m["head"] + _REDACTED, url)
+    if not found:
+        shown = _USERINFO_LOOSE.sub(lambda m: m["head"] + _REDACTED, url)
     shown = _SECRET_PARAM.sub(lambda m: m["key"] + _REDACTED, shown)
     shown = shown.encode("utf-8", "backslashreplace").decode("utf-8")
     shown = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in shown)
@@ -67,10 +72,17 @@ def split(url: str, what: str, *, code: str | None = None) -> SplitResult:
         parts = urlsplit(url)
         parts.port  # noqa: B018 - parsed lazily; a bad port raises only here
     except ValueError as exc:
+        # urllib's message quotes the part it choked on, which may be a password (in
+        # ``u:pw#x@h`` the "port" is ``pw``): say what is wrong in words of our own.
+        text = str(exc)
+        if "IPv6" in text:
+            why = "an IPv6 address is not closed by ']'"
+        elif "Port" in text or "port" in text:
+            why = "the part after ':' where the port goes is not a number from 0 to 65535"
+        else:
+            why = "it is malformed"
         shown = redact(url)
-        raise BadURL(
-            f"{what} URL {shown!r} cannot be parsed: {exc}", url=shown, code=code
-        ) from exc
+        raise BadURL(f"{what} URL {shown!r} cannot be parsed: {why}", url=shown, code=code) from exc
     return parts
 
 
@@ -130,6 +142,7 @@ def _check_conninfo(url: str) -> None:
 def _secrets(url: str) -> set[str]:
     """Every password ``url`` holds, and each word of it, to scrub from a driver's message."""
     found = {m["pw"] for m in _USERINFO.finditer(url)}
+    found |= {m["pw"] for m in _USERINFO_LOOSE.finditer(url)}
     found |= {m["value"].strip("'") for m in _SECRET_PARAM.finditer(url)}
     words = {w for secret in found for w in secret.split()}
     return {s for s in found | words if s}

@@ -198,7 +198,7 @@ def test_a_sqlite_path_whose_folder_is_missing_says_so(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("url", "says"),
     [
-        ("postgresql://flowx:s3cret@[::1", "cannot be parsed: Invalid IPv6 URL"),
+        ("postgresql://flowx:s3cret@[::1", "cannot be parsed: an IPv6 address is not closed"),
         ("postgresql://flowx:s3cret@host:port/db", "cannot be parsed"),
         (PG + "?flowx_schema=Bad-Name&password=s3cret", "schema name 'Bad-Name'"),
         (PG + "?flowx_schema=" + "a" * 64, "at most 63 characters"),

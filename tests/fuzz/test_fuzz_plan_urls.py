@@ -94,9 +94,13 @@ def test_durations_and_settings(value: Any) -> None:
         HostSettings.load(lease_ttl=value if isinstance(value, str) else str(value))
 
 
-def _url(scheme: str, user: str, host: str, path: str, query: str) -> str:
-    auth = f"{user}:{SECRET}@" if user else ""
+def _url(scheme: str, user: str, tail: str, host: str, path: str, query: str) -> str:
+    auth = f"{user}:{SECRET}{tail}@" if user else ""
     return f"{scheme}://{auth}{host}{path}{query}"
+
+
+#: What may follow the secret in a password: the characters that break naive URL parsing.
+secret_tails = st.text(st.sampled_from("/?#@:;&= %'\"x"), max_size=4)
 
 
 urls = st.one_of(
@@ -105,6 +109,7 @@ urls = st.one_of(
         _url,
         st.sampled_from(["postgresql", "postgres", "sqlite", "redis", "amqp", "nats", "x"]),
         st.sampled_from(["", "u", ""]),
+        secret_tails,
         st.one_of(st.sampled_from(["127.0.0.1", "[::1", "h:port", "h:99999", "[::1]:5"]), texts),
         st.one_of(st.sampled_from(["", "/", "/0", "/abc", "/-1", "/99999999999"]), texts),
         st.one_of(

@@ -35,9 +35,11 @@ REDIS = "redis://127.0.0.1:6379"
         ("host=db dbname=app password=s3cret user=u", "host=db dbname=app password=*** user=u"),
         ("host=db password='s3 cret' user=flowx", "host=db password=*** user=flowx"),
         ("postgresql://db/app", "postgresql://db/app"),
+        ("postgresql://u:pa/ss?w#rd@db/app", "postgresql://u:***@db/app"),
+        ("redis://db:6379/0", "redis://db:6379/0"),
     ],
     ids=["user-pw", "pw-only", "redis", "at-in-pw", "query", "query-upper", "keyword",
-         "keyword-quoted", "no-secret"],
+         "keyword-quoted", "no-secret", "slash-in-pw", "port-kept"],
 )  # fmt: skip
 def test_redact_hides_every_password(url: str, shown: str) -> None:
     assert redact(url) == shown
