@@ -4,8 +4,10 @@ Exit codes are part of the interface, so scripts can branch without parsing mess
 
 * 0 — done;
 * 1 — a FlowX error (bad input, bad store URL, a file that is not a journal, ...);
-* 2 — a usage error (click's own: unknown option, bad ``--before`` cursor, ...; and a signal
-  the flow never waits for, a payload of the wrong shape, a flow ``--flows`` does not carry);
+* 2 — a usage error (click's own: unknown option, bad ``--before`` cursor, ...; an argument,
+  ``--input``, ``--input-file`` or ``--payload`` that is not UTF-8 JSON FlowX can read or
+  store; a signal the flow never waits for, a payload of the wrong shape, a flow ``--flows``
+  does not carry);
 * 3 — not found: no such instance, or no such flow among ``--flows``;
 * 4 — illegal state: the instance is in the wrong state for what was asked (a signal to an
   instance that has ended, a replay of one that is not stopped where ``--from`` says).
