@@ -9,8 +9,10 @@ import contextlib
 from typing import Any
 from urllib.parse import quote
 
+import psycopg
 from hypothesis import given
 from hypothesis import strategies as st
+from psycopg import sql
 from pydantic import BaseModel
 
 import flowx
@@ -167,6 +169,11 @@ def test_one_fuzzed_schema_opens_on_postgresql() -> None:
         await stores.open()
         await stores.close()
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    finally:
+        with psycopg.connect(PG, autocommit=True) as conn:
+            drop = sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE")
+            conn.execute(drop.format(sql.Identifier(chosen[0])))
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -144,14 +145,17 @@ def test_a_sqlite_file_in_a_read_only_folder_is_bad_url(tmp_path: Path) -> None:
         folder.chmod(0o755)
 
 
-def test_a_good_schema_from_the_url_is_used_on_postgresql() -> None:
+def test_a_good_schema_from_the_url_is_used_on_postgresql(
+    pg_schema: Callable[[], str],
+) -> None:
     """The one PostgreSQL case: ``?flowx_schema=`` that passes the rule is the schema."""
+    schema = pg_schema()
 
     async def main() -> None:
-        stores = from_url(PG + "?flowx_schema=flowx_urls_test")
+        stores = from_url(f"{PG}?flowx_schema={schema}")
         await stores.open()
         try:
-            assert "flowx_urls_test" in stores.describe()
+            assert schema in stores.describe()
         finally:
             await stores.close()
 
