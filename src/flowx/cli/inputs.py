@@ -90,18 +90,39 @@ def checked(text: str, option: str) -> tuple[str, Any]:
                 f"{index}; pass UTF-8 text (check the terminal's or the script's encoding)",
             )
     try:
-        return text, codec.loads(text)
+        value = codec.loads(text)
     except ValueError as exc:  # json.JSONDecodeError is one
         raise _unreadable(
             option,
             f"not valid JSON ({exc}); quote it for the shell, e.g. {option} '{{\"a\": 1}}'",
         ) from exc
     except RecursionError as exc:
-        raise _unreadable(
-            option,
-            f"the JSON nests too deeply to read (more than about {codec.MAX_DEPTH} levels); "
-            "flatten it",
-        ) from exc
+        raise _unreadable(option, _TOO_DEEP) from exc
+    if _depth(value) > MAX_NESTING:
+        raise _unreadable(option, _TOO_DEEP)
+    return text, value
+
+
+#: The deepest JSON a flow's input or a signal's payload may nest: pydantic's JSON parser
+#: refuses deeper (at about 200 levels), so deeper is a usage error, said the same way
+#: however deep it goes.
+MAX_NESTING: Final = 200
+_TOO_DEEP: Final = f"the JSON nests too deeply (more than {MAX_NESTING} levels); flatten it"
+
+
+def _depth(value: Any) -> int:
+    """How many containers deep ``value`` nests (a scalar is 0), without recursion."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        v, level = stack.pop()
+        if isinstance(v, dict):
+            v = list(v.values())
+        if isinstance(v, list):
+            deepest = max(deepest, level)
+            if level <= MAX_NESTING:  # no need to look further down
+                stack.extend((item, level + 1) for item in v)
+    return deepest
 
 
 def _unreadable(option: str, detail: str) -> FlowXError:
