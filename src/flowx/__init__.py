@@ -68,11 +68,13 @@ from flowx.stores.errors import (
     StoreError,
 )
 from flowx.stores.records import InstanceState, Outcome, SignalReceipt
+from flowx.urls import BadURL
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AlertSink",
+    "BadURL",
     "Capability",
     "CapabilityNotFound",
     "CapabilityRegistry",

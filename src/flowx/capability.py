@@ -18,7 +18,8 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from flowx.errors import CapabilityNotFound, FlowXError
+from flowx.errors import CapabilityNotFound, FlowXError, PlanError
+from flowx.names import name_problem, shown
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -128,13 +129,24 @@ def capability(
     re-executes after a crash between its effect and its commit, with the same
     ``ctx.idempotency_key`` — pass that key to whatever performs the effect.
     """
-    if not _ID.match(capability_id):
+    problem = name_problem(capability_id)
+    if problem is not None:
+        raise PlanError(
+            "FLOWX1026",
+            f"capability id {shown(capability_id)} {problem}; use e.g. 'payment.capture'",
+        )
+    if not isinstance(version, str) or name_problem(version) is not None:
+        raise FlowXError(
+            f"capability version {shown(version)} must look like '1', '1.2' or '1.2.3'",
+            code="capability.bad_version",
+        )
+    if not _ID.fullmatch(capability_id):
         raise FlowXError(
             f"capability id {capability_id!r} must be lower-case letters, digits, '.', '_' "
             "or '-', e.g. 'payment.capture'",
             code="capability.bad_id",
         )
-    if not _VERSION.match(version):
+    if not _VERSION.fullmatch(version):
         raise FlowXError(
             f"capability version {version!r} must look like '1', '1.2' or '1.2.3'",
             code="capability.bad_version",

@@ -34,9 +34,12 @@ when something is wrong.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
-from collections.abc import Iterator
+import types
+import typing
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import date, datetime, time, timedelta
 from decimal import Decimal
 from enum import Enum
@@ -64,7 +67,9 @@ MAX_DEPTH: Final = 500
 #: also bounds the scan of a value that contains itself.
 _SCAN_BUDGET: Final = 100_000
 
-_PLAIN, _HAS_DECLARED, _SUSPECT = 0, 1, 2
+#: What ``_scan`` found: plain JSON values only; declared types too; a model or dataclass
+#: with a field typed ``Any`` as well; something else (judged by the walk).
+_PLAIN, _HAS_DECLARED, _HAS_LOOSE, _SUSPECT = 0, 1, 2, 3
 
 _WHAT_TO_DO = (
     "return a pydantic model, a dataclass or plain JSON values "
@@ -104,6 +109,8 @@ def _encode(value: Any, root: str) -> str:
     else:
         if kind == _SUSPECT:
             _refuse_if_found(value, root, raw=True)
+        if kind != _HAS_DECLARED:
+            _refuse_if_loose(value, root)
         try:
             plain = to_jsonable_python(value)
         except (PydanticSerializationError, TypeError, ValueError) as exc:
@@ -145,6 +152,10 @@ def text(value: str, *, root: str, code: str | None = None, context: str | None 
 
 
 def _text(value: str, root: str) -> str:
+    if not isinstance(value, str):  # a key typed as str by the caller's annotations only
+        raise SerialisationError(
+            f"{root} must be a str, not {type(value).__name__}", path=root
+        )
     if "\x00" in value:
         raise SerialisationError(
             f"{root} {value!r} holds a NUL character at index {value.index(chr(0))}, which "
@@ -177,12 +188,13 @@ def printable(message: str) -> str:
 def _scan(value: Any) -> int:
     """``_PLAIN`` when ``value`` is nothing but plain JSON containers and scalars (encode it
     as it is), ``_HAS_DECLARED`` when it also holds models, datetimes ... (pydantic converts
-    them), ``_SUSPECT`` when it holds anything else, to be judged by the walk that names it.
+    them), ``_HAS_LOOSE`` when one of those has a field typed ``Any`` (checked raw),
+    ``_SUSPECT`` when it holds anything else, to be judged by the walk that names it.
     No paths are built: this runs on every step commit."""
     if type(value) in _SCALARS:
         return _PLAIN
     stack = [value]
-    declared = False
+    declared = loose = False
     budget = _SCAN_BUDGET
     scalars = _SCALARS
     while stack:
@@ -202,8 +214,13 @@ def _scan(value: Any) -> int:
             stack.extend(v)
         elif isinstance(v, _DECLARED) or _is_dataclass_instance(v):
             declared = True
+            cls: type = t
+            if not loose and _has_fields(cls) and _has_loose_fields(cls):
+                loose = True
         else:
             return _SUSPECT
+    if loose:
+        return _HAS_LOOSE
     return _HAS_DECLARED if declared else _PLAIN
 
 
@@ -292,6 +309,181 @@ def _raw_problem(v: Any) -> str | None:
     except (PydanticSerializationError, TypeError, ValueError) as exc:
         return f"({kind}) has no JSON form ({exc}); {_WHAT_TO_DO}"
     return None
+
+
+# -- fields typed Any ----------------------------------------------------------------------
+#
+# pydantic serialises a model or dataclass field declared ``Any`` (or ``object``, or a model's
+# extra field) by looking at the value: NaN becomes null (in a model), bytes become text, a
+# set a list, an int key a str key. No declared type reads it back, so that would change
+# stored data; such a field is checked as a raw value instead. Classes without one are not
+# walked (known per class, cached): this runs on every step commit.
+
+
+def _refuse_if_loose(value: Any, root: str) -> None:
+    path: list[str] = [root]
+    problem = _loose_problem(value, path, 0, _DECLARED_TYPE)
+    if problem is not None:
+        where = "".join(path) if len(path) <= 12 else "".join(path[:12]) + "..."
+        raise SerialisationError(f"{where} {problem}", path=where)
+
+
+#: The annotation of a part whose type is declared (or not known to be loose).
+_DECLARED_TYPE: Final = object()
+
+
+def _loose_problem(v: Any, path: list[str], depth: int, annotation: Any) -> str | None:
+    """Like ``_problem`` with ``raw``, for the parts of ``v`` no declared type covers;
+    ``annotation`` is the declared type of ``v``."""
+    if depth >= MAX_DEPTH:
+        return None  # the encoder refuses it, with its own message
+    if _is_loose(annotation):
+        found = _problem(v, path, depth, raw=True)
+        if found is not None:
+            return found
+    if isinstance(v, BaseModel) or _is_dataclass_instance(v):
+        cls: type = type(v)
+        if not _has_loose_fields(cls):
+            return None
+        parts: list[tuple[str, Any, Any]] = [
+            (name, getattr(v, name, None), declared) for name, declared in _loose_fields(cls)
+        ]
+        if isinstance(v, BaseModel):
+            parts += [(str(k), item, Any) for k, item in (v.__pydantic_extra__ or {}).items()]
+        for name, item, declared in parts:
+            path.append(_field(name))
+            found = _loose_problem(item, path, depth + 1, declared)
+            if found is not None:
+                return found
+            path.pop()
+        return None
+    if isinstance(v, dict):
+        inner = _inner(annotation, dict)
+        scalars_ok = not _is_loose(inner)  # else each value is checked raw, below
+        for k, item in v.items():
+            if scalars_ok and type(item) in _SCALARS:
+                continue
+            path.append(_field(k) if isinstance(k, str) else f"[{k!r}]")
+            found = _loose_problem(item, path, depth + 1, inner)
+            if found is not None:
+                return found
+            path.pop()
+    elif isinstance(v, list | tuple):
+        inner = _inner(annotation, list)
+        scalars_ok = not _is_loose(inner)
+        for index, item in enumerate(v):
+            if scalars_ok and type(item) in _SCALARS:
+                continue
+            path.append(f"[{index}]")
+            found = _loose_problem(item, path, depth + 1, inner)
+            if found is not None:
+                return found
+            path.pop()
+    return None
+
+
+def _inner(annotation: Any, container: type) -> Any:
+    """The declared type of the values (``dict``) or items (``list``) of a container whose
+    own declared type is ``annotation``; ``Any`` when only a guess covers them."""
+    if annotation is _DECLARED_TYPE:
+        return _DECLARED_TYPE
+    if _is_loose(annotation):
+        return Any
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return _inner(args[0], container)
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in args if a is not type(None)]
+        if len(options) == 1:
+            return _inner(options[0], container)
+    elif container is dict and isinstance(origin, type) and issubclass(origin, Mapping):
+        return args[1] if len(args) == 2 else Any
+    elif container is list and origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return args[0]
+    elif container is list and isinstance(origin, type) and issubclass(origin, Iterable):
+        return args[0] if args else Any
+    return Any if _mentions_loose(annotation) else _DECLARED_TYPE
+
+
+def _mentions_loose(annotation: Any) -> bool:
+    stack = [annotation]
+    while stack:
+        a = stack.pop()
+        if _is_loose(a):
+            return True
+        stack.extend(typing.get_args(a))
+    return False
+
+
+@functools.cache
+def _declared_fields(cls: type) -> tuple[tuple[str, Any], ...]:
+    """``(name, declared type)`` of a model's or a dataclass's fields (cached per class). A
+    dataclass whose annotations cannot be resolved counts as fully declared: no guess."""
+    if issubclass(cls, BaseModel):
+        return tuple((name, info.annotation) for name, info in cls.model_fields.items())
+    fields = dataclasses.fields(typing.cast(Any, cls))
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:  # a forward reference that names nothing importable
+        return tuple((f.name, _DECLARED_TYPE) for f in fields)
+    return tuple((f.name, hints.get(f.name, Any)) for f in fields)
+
+
+@functools.cache
+def _loose_fields(cls: type) -> tuple[tuple[str, Any], ...]:
+    """The fields of ``cls`` whose declared type leaves some part to pydantic's guess: the
+    only ones the walk needs to look into."""
+    return tuple(
+        (name, declared)
+        for name, declared in _declared_fields(cls)
+        if _mentions_loose(declared) or _has_loose_fields_in(declared)
+    )
+
+
+def _has_loose_fields_in(annotation: Any) -> bool:
+    """Whether a model or dataclass named anywhere in ``annotation`` has loose fields."""
+    stack = [annotation]
+    while stack:
+        a = stack.pop()
+        if _has_fields(a):
+            if _has_loose_fields(a):
+                return True
+            continue
+        stack.extend(typing.get_args(a))
+    return False
+
+
+def _extra_allowed(cls: type) -> bool:
+    return issubclass(cls, BaseModel) and cls.model_config.get("extra") == "allow"
+
+
+def _has_fields(cls: object) -> bool:
+    return isinstance(cls, type) and (issubclass(cls, BaseModel) or dataclasses.is_dataclass(cls))
+
+
+@functools.cache
+def _has_loose_fields(cls: type) -> bool:
+    """Whether a ``cls`` value (a model or a dataclass) can hold a part no declared type
+    covers (cached per class)."""
+    seen: set[object] = set()
+    stack: list[Any] = [cls]
+    while stack:
+        annotation = stack.pop()
+        if _is_loose(annotation) or (_has_fields(annotation) and _extra_allowed(annotation)):
+            return True
+        if _has_fields(annotation):
+            if annotation not in seen:
+                seen.add(annotation)
+                stack.extend(declared for _, declared in _declared_fields(annotation))
+            continue
+        stack.extend(typing.get_args(annotation))
+    return False
+
+
+def _is_loose(annotation: Any) -> bool:
+    """``Any``, ``object`` or no annotation at all: pydantic guesses how to serialise it."""
+    return annotation is Any or annotation is object or annotation is None
 
 
 def _surrogate_at(s: str) -> int | None:

@@ -4,8 +4,10 @@ Exit codes are part of the interface, so scripts can branch without parsing mess
 
 * 0 — done;
 * 1 — a FlowX error (bad input, bad store URL, a file that is not a journal, ...);
-* 2 — a usage error (click's own: unknown option, bad ``--before`` cursor, ...; and a signal
-  the flow never waits for, a payload of the wrong shape, a flow ``--flows`` does not carry);
+* 2 — a usage error (click's own: unknown option, bad ``--before`` cursor, ...; an argument,
+  ``--input``, ``--input-file`` or ``--payload`` that is not UTF-8 JSON FlowX can read or
+  store; a signal the flow never waits for, a payload of the wrong shape, a flow ``--flows``
+  does not carry);
 * 3 — not found: no such instance, or no such flow among ``--flows``;
 * 4 — illegal state: the instance is in the wrong state for what was asked (a signal to an
   instance that has ended, a replay of one that is not stopped where ``--from`` says).
@@ -19,17 +21,17 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import click
 
 from flowx import codec
+from flowx.cli import inputs
 from flowx.cli.output import clip, emit_json, table
 from flowx.errors import DeadLetterNotFound, FlowNotFound, FlowXError, InstanceNotFound
 from flowx.hosting.host import FlowHost
@@ -68,6 +70,7 @@ _USAGE_CODES = frozenset(
         "signal.unknown",
         "signal.payload_invalid",
         "cli.flow_not_carried",
+        inputs.INPUT_UNREADABLE,
         INPUT_UNSTORABLE,
         SIGNAL_UNSTORABLE,
     }
@@ -142,7 +145,9 @@ def exit_code(exc: FlowXError) -> int:
 
 def fail(exc: FlowXError) -> NoReturn:
     """Print ``exc`` as one line on stderr and exit with its code."""
-    click.echo(f"error: {exc}", err=True)
+    # A message may quote what was given, lone surrogates included: escape them, or
+    # printing the error would itself fail with a UnicodeEncodeError.
+    click.echo(f"error: {codec.printable(str(exc))}", err=True)
     sys.exit(exit_code(exc))
 
 
@@ -199,31 +204,10 @@ def _stamp(moment: datetime, timespec: str = "seconds") -> str:
     return moment.isoformat(timespec=timespec)
 
 
-def _cursor(before: str) -> tuple[datetime, str]:
-    """Parse ``CREATED_AT,ID`` as printed by the previous page.
-
-    A timestamp without a zone is taken as UTC, the zone every store writes: a local-time
-    reading would silently page from the wrong place.
-    """
-    stamp, sep, instance_id = before.partition(",")
-    try:
-        moment = datetime.fromisoformat(stamp)
-    except ValueError:
-        moment = None
-    if moment is None or not sep or not instance_id:
-        raise click.BadParameter(
-            f"{before!r} is not CREATED_AT,ID (copy it from the 'more:' line of the last page)",
-            param_hint="--before",
-        )
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment, instance_id
-
-
 # -- commands -------------------------------------------------------------------------------
 
 
-@click.group()
+@click.group(cls=inputs.TextArgsGroup)
 @click.version_option(package_name="flowx")
 def cli() -> None:
     """FlowX: durable flows. A crash loses nothing; a zombie writes nothing."""
@@ -336,9 +320,10 @@ def start(
     The command only journals the instance and exits; a ``flowx worker`` carrying the flow
     picks it up, so starting never depends on this process staying alive.
     """
-    if input_json is not None and input_file is not None:
-        raise click.UsageError("give --input or --input-file, not both")
-    payload = input_file.read_text() if input_file is not None else (input_json or "{}")
+    try:
+        payload, value = inputs.input_text(input_json, input_file)
+    except FlowXError as exc:
+        fail(exc)
 
     async def main() -> tuple[str, bool]:
         stores = from_url(db, leases=leases)
@@ -352,6 +337,12 @@ def start(
                 "start it in-process with FlowHost.start, or declare it Durable",
                 code="cli.ephemeral_flow",
             )
+        # A value the journal cannot store (a lone surrogate written as a \\u escape, NaN) is
+        # refused as the host refuses it, before pydantic's JSON parser reports it as
+        # malformed JSON.
+        codec.dumps(
+            value, root="input", code=INPUT_UNSTORABLE, context=f"the start of {plan.ref}"
+        )
         try:
             async with host:
                 handle = await host.start(
@@ -400,7 +391,7 @@ def list_(
     Paged by keyset (created_at, instance id) rather than offset, so a page is stable while
     new instances keep arriving at the top.
     """
-    cursor = _cursor(before) if before else None
+    cursor = inputs.cursor(before) if before else None
     query = InstanceQuery(
         limit=limit,
         flow_id=flow_id,
@@ -680,12 +671,9 @@ def signal(
     not fit, or --flows does not carry the flow.
     """
     try:
-        json.loads(payload)
-    except ValueError as exc:
-        raise click.BadParameter(
-            f"not valid JSON ({exc}); quote it for the shell, e.g. --payload '{{\"a\": 1}}'",
-            param_hint="--payload",
-        ) from exc
+        payload, value = inputs.payload_text(payload)
+    except FlowXError as exc:
+        fail(exc)
     plans = _load(flows)
 
     async def main() -> SignalReceipt:
@@ -699,6 +687,16 @@ def signal(
                 except FlowXError as exc:
                     if exc.code != "signal.payload_invalid":
                         raise
+                    # pydantic reports a lone surrogate's \\u escape as malformed JSON; say what
+                    # is really wrong, as the host says it of a payload given as a value.
+                    record = await host.get(instance_id)
+                    ref = host.plan(record.flow_id, record.flow_version).ref
+                    codec.dumps(
+                        value,
+                        root="payload",
+                        code=SIGNAL_UNSTORABLE,
+                        context=f"signal {name!r} for {ref}",
+                    )
                     raise FlowXError(
                         f"{exc}; pass --payload as a JSON object of that shape",
                         code=exc.code,
@@ -781,7 +779,9 @@ def replay(
     1 when a --wait replay ends CompensationFailed again or, forward, Failed again.
     """
     plans = _load(flows)
-    target: str | int = int(from_step) if from_step.isdigit() else from_step
+    # isdigit() is true of '²' too, which int() refuses: only ASCII digits are a step id.
+    numeric = from_step.isascii() and from_step.isdigit()
+    target: str | int = int(from_step) if numeric else from_step
 
     async def main() -> tuple[ReplayPlan, InstanceRecord | None]:
         stores = from_url(db, leases=leases)

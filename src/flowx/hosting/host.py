@@ -40,6 +40,7 @@ from flowx.errors import (
     NonDeterminismError,
     NonRetryableError,
     SerialisationError,
+    SettingsError,
 )
 from flowx.hosting.alerts import AlertSink, LoggingAlertSink
 from flowx.hosting.clock_offset import ClockWatch, JournalClock
@@ -49,10 +50,17 @@ from flowx.hosting.lease import DurableLease, LeaseKeeper
 from flowx.hosting.recovery import RecoveryScanResult, RecoveryService, ResumeVerdict
 from flowx.hosting.replay import ReplayPlan, plan_replay
 from flowx.hosting.settings import HostSettings
-from flowx.hosting.storable import signal_payload, start_input, tenant_key
+from flowx.hosting.storable import (
+    partition_of,
+    signal_payload,
+    start_input,
+    storable_id,
+    tenant_key,
+)
 from flowx.hosting.threads import CapabilityThreads
 from flowx.hosting.timers import TimerService
 from flowx.metrics import COMPENSATION_FAILED, DEADLINE_EXCEEDED
+from flowx.names import name_problem, shown
 from flowx.outbox import EventPublisher, OutboxPublisher
 from flowx.plan.model import AwaitSignalNode, ForEachNode, Plan, SubFlowNode, walk
 from flowx.stores.errors import (
@@ -274,6 +282,9 @@ class FlowHost:
     ) -> None:
         self.store = store
         self.settings = settings if settings is not None else HostSettings.load()
+        if node_id and name_problem(node_id) is not None:  # "" or None: a generated id
+            # It goes into lease rows and every log line: no forged lines, no driver errors.
+            raise SettingsError(f"node_id {shown(node_id)} {name_problem(node_id)}")
         self.node_id = node_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.clock: Clock = clock or SystemClock()
         self.registry = registry or default_registry
@@ -296,6 +307,8 @@ class FlowHost:
         self._opened = False
         self._recovery_task: asyncio.Task[None] | None = None
         self._connector: asyncio.Task[None] | None = None
+        #: Why the journal could not be reached at start-up, for the error Durable calls get.
+        self._unreachable_because = ""
         self._store_ready = False
         self._connected = asyncio.Event()
         self._threads: CapabilityThreads | None = None
@@ -409,6 +422,7 @@ class FlowHost:
             try:
                 await self._connect()
             except (JournalUnavailable, LeaseUnavailable) as exc:
+                self._unreachable_because = str(exc)
                 log.warning(
                     "journal unavailable at start-up (%s); reconnecting in the "
                     "background, Durable flows refused until then",
@@ -612,9 +626,11 @@ class FlowHost:
                 "profile=flowx.Ephemeral if losing it on a crash is acceptable"
             )
         if self._opened and not self._store_ready:
+            cause = self._unreachable_because
             raise JournalUnavailable(
                 f"the journal ({self.store.describe()}) has not been reachable since this "
-                "node started; it is reconnecting in the background, retry later"
+                f"node started{f' ({cause})' if cause else ''}; it is reconnecting in the "
+                "background, retry later"
             )
         return self.store
 
@@ -677,7 +693,7 @@ class FlowHost:
         else:
             instance_id = str(uuid.uuid4())
         now = self.clock.now()
-        tenant = plan.partition_key(value) if plan.partition_key is not None else None
+        tenant = partition_of(plan, value)
         new = NewInstance(
             instance_id=instance_id,
             flow_id=plan.flow_id,
@@ -706,10 +722,7 @@ class FlowHost:
         """Create a sub-flow's child instance (its id derived from the parent's step, so a
         re-executed parent finds it) and run it here if this node can."""
         now = self.clock.now()
-        try:
-            tenant = plan.partition_key(value) if plan.partition_key is not None else None
-        except Exception as exc:
-            raise InputInvalid(plan.flow_id, f"partition_key raised {exc!r}") from exc
+        tenant = partition_of(plan, value)
         try:  # R9.5: refused before anything is written; the parent's sub_flow step fails
             input_text = codec.dumps(value, root="input")
             tenant = tenant_key(plan, tenant)
@@ -1293,6 +1306,8 @@ class FlowHost:
     # -- reading ---------------------------------------------------------------------------
 
     async def get(self, instance_id: str) -> InstanceRecord:
+        if not storable_id(instance_id):  # no journal could hold it, so none does
+            raise InstanceNotFound(instance_id)
         record = await self._require_stores().journal.get(instance_id)
         if record is None:
             raise InstanceNotFound(instance_id)

@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from flowx import codec
+from flowx.errors import InputInvalid
 from flowx.plan.model import Plan
 
 #: A start whose input (or idempotency key, correlation id, partition key) cannot be stored.
@@ -30,6 +31,17 @@ def start_input(
     return codec.dumps(value, root="input", code=INPUT_UNSTORABLE, context=whose)
 
 
+def partition_of(plan: Plan, value: BaseModel) -> Any:
+    """What ``plan.partition_key`` gives for ``value``; ``InputInvalid`` if it raises, so a
+    bug in the author's selector refuses the start cleanly before anything is written."""
+    if plan.partition_key is None:
+        return None
+    try:
+        return plan.partition_key(value)
+    except Exception as exc:
+        raise InputInvalid(plan.flow_id, f"partition_key raised {exc!r}") from exc
+
+
 def tenant_key(plan: Plan, key: Any) -> str | None:
     """The partition key ``plan.partition_key`` gave, as the text column it is stored in."""
     if key is None:
@@ -45,3 +57,15 @@ def signal_payload(plan: Plan, name: str, value: Any, *, key: str | None) -> str
     if key is not None:
         codec.text(key, root="key", code=SIGNAL_UNSTORABLE, context=whose)
     return codec.dumps(value, root="payload", code=SIGNAL_UNSTORABLE, context=whose)
+
+
+def storable_id(value: object) -> bool:
+    """Whether ``value`` could be an id in the journal: a str UTF-8 can encode, without NUL.
+    Asked before a lookup, so a malformed id is "not found" instead of a driver error."""
+    if not isinstance(value, str) or "\x00" in value:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -17,13 +17,16 @@ from flowx.stores.paired import with_leases
 __all__ = ["from_url", "memory", "postgres", "redis_leases", "sqlite", "with_leases"]
 from flowx.stores.protocols import Stores
 from flowx.stores.sqlite import SqliteStores
+from flowx.urls import BadURL, check_postgres, check_redis, check_sqlite_path, check_text, redact
 
 DEFAULT_URL = "sqlite:///flowx.db"
 
 
 def sqlite(path: str | Path = "flowx.db", *, migrate: bool = True) -> SqliteStores:
-    """The embedded default: one SQLite file as journal, lease store and recovery index."""
-    return SqliteStores(path, migrate=migrate)
+    """The embedded default: one SQLite file as journal, lease store and recovery index.
+
+    A path that is a directory or cannot be written is refused here (``BadURL``)."""
+    return SqliteStores(check_sqlite_path(path), migrate=migrate)
 
 
 def memory() -> MemoryStores:
@@ -50,8 +53,9 @@ def postgres(dsn: str, *, schema: str | None = None, migrate: bool = True, **poo
             f"the PostgreSQL store needs psycopg: pip install 'flowx[postgres]' ({exc})",
             code="store.not_available",
         ) from exc
-    clean, named = _take_param(dsn, "flowx_schema")
-    return PostgresStores(clean, schema=schema or named or "flowx", migrate=migrate, **pool)
+    chosen = check_postgres(dsn, schema)
+    clean, _ = _take_param(dsn, "flowx_schema")
+    return PostgresStores(clean, schema=chosen, migrate=migrate, **pool)
 
 
 def redis_leases(url: str = "redis://127.0.0.1:6379/0", **kw: Any) -> Any:
@@ -65,6 +69,7 @@ def redis_leases(url: str = "redis://127.0.0.1:6379/0", **kw: Any) -> Any:
             f"the Redis lease store needs redis-py: pip install 'flowx[redis]' ({exc})",
             code="store.not_available",
         ) from exc
+    check_redis(url, "Redis lease store")
     clean, named = _take_param(url, "flowx_prefix")
     if named:
         kw.setdefault("prefix", named)
@@ -77,31 +82,32 @@ def from_url(url: str, *, migrate: bool = True, leases: str | None = None) -> St
     ``leases`` (``redis://…``) takes leases from Redis instead of the journal's own database.
     Every node and tool that touches the same instances must name the same lease store.
     """
+    check_text(url, "store")
     if leases:
+        check_text(leases, "lease store")
         if not leases.startswith(("redis://", "rediss://", "unix://")):
-            raise FlowXError(
-                f"unknown lease store URL {leases!r}; use redis://host:6379/0",
-                code="store.bad_url",
+            raise BadURL(
+                f"unknown lease store URL {redact(leases)!r}; use redis://host:6379/0",
+                url=redact(leases),
             )
         return with_leases(from_url(url, migrate=migrate), redis_leases(leases))
     if url.startswith("sqlite:///"):
         path = url.removeprefix("sqlite:///")
         if not path:
-            raise FlowXError(
-                "sqlite URL has no path; write sqlite:///flowx.db", code="store.bad_url"
-            )
+            raise BadURL("sqlite URL has no path; write sqlite:///flowx.db", url=url)
         return sqlite(path, migrate=migrate)
     if url.startswith("sqlite://"):
-        raise FlowXError(
-            f"{url!r}: a sqlite URL has three slashes before a relative path "
+        raise BadURL(
+            f"{redact(url)!r}: a sqlite URL has three slashes before a relative path "
             "(sqlite:///flowx.db) and four before an absolute one (sqlite:////var/flowx.db)",
-            code="store.bad_url",
+            url=redact(url),
         )
     if url in ("memory://", "memory:"):
         return memory()
     if url.startswith(("postgres://", "postgresql://")):
         return postgres(url, migrate=migrate)
-    raise FlowXError(
-        f"unknown store URL {url!r}; use sqlite:///path/to/flowx.db, postgresql://... or memory://",
-        code="store.bad_url",
+    raise BadURL(
+        f"unknown store URL {redact(url)!r}; use sqlite:///path/to/flowx.db, "
+        "postgresql://... or memory://",
+        url=redact(url),
     )

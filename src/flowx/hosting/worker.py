@@ -26,6 +26,7 @@ from flowx.hosting.shutdown import Signals, arm_exit_watchdog
 from flowx.hosting.stores import from_url
 from flowx.outbox.urls import publisher_from_url
 from flowx.plan.model import Plan
+from flowx.urls import BadURL
 
 log = logging.getLogger("flowx.worker")
 
@@ -36,7 +37,7 @@ def load_flows(specs: Iterable[str]) -> list[Plan]:
     plans: list[Plan] = []
     for spec in specs:
         module_name, _, attr = spec.partition(":")
-        if not module_name or not attr:
+        if not module_name or not attr or module_name.startswith("."):
             raise FlowXError(
                 f"--flows {spec!r} must be module:attribute, e.g. myapp.flows:FLOWS",
                 code="worker.bad_flows",
@@ -55,9 +56,22 @@ def load_flows(specs: Iterable[str]) -> list[Plan]:
             raise FlowXError(
                 f"{module_name} has no attribute {attr!r} for --flows", code="worker.bad_flows"
             ) from exc
+        if isinstance(value, type):  # a model or a class: calling it builds no plan
+            raise FlowXError(
+                f"{spec} is the class {value.__name__}, not a plan, a list of plans or a "
+                "function returning them",
+                code="worker.bad_flows",
+            )
         if callable(value) and not isinstance(value, Plan):
             value = value()
-        found = [value] if isinstance(value, Plan) else list(value)
+        try:
+            found = [value] if isinstance(value, Plan) else list(value)
+        except TypeError as exc:  # a module, a number: not an iterable of plans
+            raise FlowXError(
+                f"{spec} is a {type(value).__name__}, not a plan, a list of plans or a "
+                "function returning them",
+                code="worker.bad_flows",
+            ) from exc
         for plan in found:
             if not isinstance(plan, Plan):
                 raise FlowXError(
@@ -109,12 +123,23 @@ async def serve(
 
     ``exit_watchdog`` (the ``flowx worker`` process sets it): once stopped, the process is
     ended shortly after if something (a non-daemon thread) would keep it alive."""
+    publisher = publisher_from_url(publish_url) if publish_url else None
+    if publisher is not None:
+        # A broker that is down stops nothing (the host's loop retries it, SPEC §8), but a
+        # URL it refuses (BadURL) stops the worker here, with one line, rather than every
+        # publish round failing for ever.
+        try:
+            await publisher.open()
+        except BadURL:
+            raise
+        except Exception as exc:
+            log.debug("broker %s not reached before start-up: %r", publisher.name, exc)
     host = FlowHost(
         store=from_url(store_url, leases=leases_url),
         flows=plans,
         settings=settings,
         node_id=node_id,
-        publisher=publisher_from_url(publish_url) if publish_url else None,
+        publisher=publisher,
     )
     stop = asyncio.Event()
     Signals(stop).install(asyncio.get_running_loop())
@@ -126,7 +151,14 @@ async def serve(
         ", ".join(p.ref for p in plans),
     )
     if ready_file is not None:
-        ready_file.write_text(host.node_id)  # noqa: ASYNC240 - one tiny write at start-up
+        try:
+            ready_file.write_text(host.node_id)  # noqa: ASYNC240 - one tiny write at start-up
+        except OSError as exc:  # a supervisor waits on this file: without it, stop at once
+            await host.drain()
+            raise FlowXError(
+                f"cannot write --ready-file {str(ready_file)!r}: {exc.strerror or exc}",
+                code="worker.bad_ready_file",
+            ) from exc
     await stop.wait()
     log.info("worker %s draining (%d in flight)", host.node_id, host.in_flight)
     await host.drain()

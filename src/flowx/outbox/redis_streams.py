@@ -15,6 +15,7 @@ from typing import Any
 
 from flowx.outbox.publisher import PublishFailure, PublishResult, headers
 from flowx.stores.records import EventRecord
+from flowx.urls import BadURL, redact
 
 #: Errors a later attempt can clear: memory pressure, a replica or loading server.
 _TRANSIENT = ("OOM", "LOADING", "BUSY", "TRYAGAIN", "READONLY", "MASTERDOWN", "CLUSTERDOWN")
@@ -33,6 +34,7 @@ class RedisStreamsPublisher:
     ) -> None:
         from redis import asyncio as aioredis
 
+        self._url = url
         self._client: Any = aioredis.Redis.from_url(
             url, socket_timeout=timeout, socket_connect_timeout=timeout
         )
@@ -48,7 +50,23 @@ class RedisStreamsPublisher:
         return f"{self.prefix}{'_' if partition_key is None else partition_key}"
 
     async def open(self) -> None:
-        return None
+        """Ask the server once. A server that is down is no error here (events wait in the
+        outbox, SPEC §8); one that refuses the URL itself — a database index it does not
+        have, wrong credentials — is ``BadURL``: no retry will mend it."""
+        from redis import exceptions
+
+        try:
+            async with asyncio.timeout(self._timeout):
+                await self._client.ping()
+        except (exceptions.ResponseError, exceptions.AuthenticationError) as exc:
+            raise BadURL(
+                f"Redis publisher {redact(self._url)!r} refused the connection: {exc}; fix "
+                "the URL (database index, credentials)",
+                url=redact(self._url),
+                code="outbox.bad_publisher_url",
+            ) from exc
+        except (exceptions.ConnectionError, exceptions.TimeoutError, TimeoutError, OSError):
+            return None
 
     async def close(self) -> None:
         await self._client.aclose()
@@ -68,6 +86,9 @@ class RedisStreamsPublisher:
                 replies = await pipe.execute(raise_on_error=False)
         except (exceptions.ConnectionError, exceptions.TimeoutError, TimeoutError, OSError) as exc:
             return PublishResult(0, PublishFailure(f"Redis unavailable: {exc!r}", False))
+        except exceptions.ResponseError as exc:  # the connection's own set-up (SELECT, AUTH)
+            refusal = f"Redis refused the connection to {redact(self._url)}: {exc}"
+            return PublishResult(0, PublishFailure(refusal, False))  # events wait for a fix
         for i, reply in enumerate(replies):
             if isinstance(reply, Exception):
                 text = str(reply)

@@ -21,6 +21,7 @@ from flowx.capability import Capability, CapabilityRegistry, capability_of, defa
 from flowx.durations import DurationLike, parse_duration
 from flowx.errors import CapabilityNotFound, PlanError
 from flowx.plan.annotations import STEP_OPTIONS, compile_step
+from flowx.plan.checks import check_drafts
 from flowx.plan.events import contract_of
 from flowx.plan.model import (
     AwaitSignalNode,
@@ -286,6 +287,7 @@ class _Compiler:
 
     def compile(self) -> Plan:
         b = self.b
+        check_drafts(b._flow_id, b._version, b._drafts)  # FLOWX1026/1027: names, retries
         if not _FLOW_ID.match(b._flow_id):
             raise self.error(
                 "FLOWX1014",

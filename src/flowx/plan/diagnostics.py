@@ -34,4 +34,6 @@ CODES: Final[dict[str, str]] = {
     "FLOWX1024": "an emit in an Ephemeral flow, or an event with no declared contract",
     "FLOWX1025": "a step timeout (or the flow's step_timeout=) is unparsable, not positive, "
     "or longer than 7 days",
+    "FLOWX1026": "a name (flow, step, signal, capability) that is empty, too long or not printable",
+    "FLOWX1027": "a retry policy argument out of range (attempts, backoff, multiplier, delays)",
 }

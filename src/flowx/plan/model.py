@@ -21,6 +21,7 @@ from pydantic import BaseModel
 
 from flowx.capability import Capability
 from flowx.durations import DurationLike, parse_duration
+from flowx.plan.checks import capped_delay, check_retry
 
 
 class Profile(StrEnum):
@@ -49,22 +50,25 @@ class Retry:
     multiplier: float = 2.0
 
     def __post_init__(self) -> None:
-        if self.attempts < 1:
-            raise ValueError("Retry(attempts=...) counts the first try: it must be at least 1")
-        if self.multiplier < 1:
-            raise ValueError("Retry(multiplier=...) must be at least 1")
-        parse_duration(self.initial, what="Retry(initial=...)")
-        parse_duration(self.maximum, what="Retry(maximum=...)")
+        # FLOWX1027 (also a ValueError): out-of-range arguments are refused here, not met as
+        # an OverflowError when a failed step computes its next delay.
+        check_retry(
+            attempts=self.attempts,
+            backoff=self.backoff,
+            initial=self.initial,
+            maximum=self.maximum,
+            multiplier=self.multiplier,
+        )
 
     def delay(self, failures: int) -> float:
         """Seconds to wait after the ``failures``-th failure before the next try."""
         if self.backoff == "none":
             return 0.0
-        initial = parse_duration(self.initial).total_seconds()
-        cap = parse_duration(self.maximum).total_seconds()
+        initial = parse_duration(self.initial)
+        cap = parse_duration(self.maximum)
         if self.backoff == "fixed":
-            return min(initial, cap)
-        return float(min(initial * self.multiplier ** max(failures - 1, 0), cap))
+            return min(initial, cap).total_seconds()
+        return capped_delay(initial, cap, self.multiplier, failures)
 
 
 NO_RETRY = Retry(attempts=1, backoff="none")

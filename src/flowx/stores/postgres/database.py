@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import re
 import socket
 from collections.abc import AsyncIterator
 from datetime import datetime
@@ -37,23 +36,24 @@ from flowx.stores.errors import (
     SchemaNotMigrated,
     SchemaTooNew,
 )
+from flowx.urls import check_schema
+from flowx.urls import redact as redact_url
 
 MIGRATIONS = migrations.load("flowx.stores.postgres")
 SCHEMA_VERSION = MIGRATIONS[-1].version
-_SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 #: Serialises migrators across processes (pg_advisory_xact_lock key: "FLWX").
 _MIGRATION_LOCK = 0x464C5758
 
 
 def redact(dsn: str) -> str:
-    """A DSN fit for a log line: no password."""
-    return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", dsn)
+    """A DSN fit for a log line: no password (``user:pw@``, ``://:pw@``, ``password=``)."""
+    return redact_url(dsn)
 
 
 def unavailable(dsn: str, exc: BaseException) -> JournalUnavailable:
     error = JournalUnavailable(
         f"PostgreSQL at {redact(dsn)} is unavailable ({type(exc).__name__}: "
-        f"{str(exc).strip() or 'no answer'}); retry when it is back"
+        f"{' '.join(str(exc).split()) or 'no answer'}); retry when it is back"
     )
     error.__cause__ = exc
     return error
@@ -137,8 +137,7 @@ class PostgresDatabase:
         idle_in_transaction_timeout_ms: int = 10_000,
         tcp_user_timeout_ms: int = 10_000,
     ) -> None:
-        if not _SCHEMA_NAME.match(schema):
-            raise ValueError(f"schema name {schema!r} must be a lower-case SQL identifier")
+        check_schema(schema, dsn)
         self.dsn = dsn
         self.schema = schema
         self._connect_timeout = connect_timeout
@@ -229,12 +228,27 @@ class PostgresDatabase:
             await self.pool.open(wait=True, timeout=self._connect_timeout)
         except (PoolTimeout, psycopg.OperationalError) as exc:
             await self.pool.close()
-            raise unavailable(self.dsn, exc) from exc
+            raise unavailable(self.dsn, await self._why_not(exc)) from exc
         try:
             await self._check_and_migrate(migrate)
         except BaseException:
             await self.pool.close()
             raise
+
+    async def _why_not(self, exc: BaseException) -> BaseException:
+        """Why the pool could not fill: its ``PoolTimeout`` hides the server's answer
+        (``database "x" does not exist``, a failed password), so ask once directly. A server
+        that answers does so at once; one that does not (a black hole) costs a quarter of the
+        connect timeout at most, so a node booting on a dead network is not held up."""
+        if not isinstance(exc, PoolTimeout):
+            return exc
+        try:
+            async with asyncio.timeout(min(1.0, self._connect_timeout / 4)):
+                conn = await psycopg.AsyncConnection.connect(self.dsn, **self._kwargs)
+        except (psycopg.Error, TimeoutError, OSError) as reason:
+            return reason
+        await conn.close()
+        return exc
 
     async def _check_and_migrate(self, migrate: bool) -> None:
         async with self.connection(bounded=False) as conn, conn.transaction():

@@ -31,6 +31,7 @@ from redis import exceptions as redis_errors
 
 from flowx.stores.errors import LeaseLost, LeaseUnavailable
 from flowx.stores.records import Lease
+from flowx.urls import BadURL, redact
 
 # Time is Redis's own (TIME) unless the caller pins it (R9.2): a node whose clock runs ahead
 # must not see a live lease as expired, nor a node behind it be starved. Scripts may call TIME:
@@ -149,7 +150,7 @@ class RedisLeaseStore:
     @property
     def _where(self) -> str:
         """The server, without credentials, for messages."""
-        return self._url.split("@")[-1]
+        return redact(self._url.split("@")[-1])
 
     def _keep_ms_for(self, ttl: timedelta) -> int:
         return self._keep_ms + int(ttl.total_seconds() * 1000)
@@ -172,7 +173,16 @@ class RedisLeaseStore:
         self._acquire = self._client.register_script(_ACQUIRE)
         self._renew_many = self._client.register_script(_RENEW_MANY)
         self._release = self._client.register_script(_RELEASE)
-        await self._call(self._client.ping)
+        try:
+            await self._call(self._client.ping)
+        except (redis_errors.ResponseError, redis_errors.AuthenticationError) as exc:
+            # Not a fault a retry mends: a database index the server does not have, a wrong
+            # password. Said once, with the URL's secrets redacted.
+            raise BadURL(
+                f"Redis lease store {redact(self._url)!r} refused the connection: {exc}; "
+                "fix the URL (database index, credentials)",
+                url=redact(self._url),
+            ) from exc
 
     async def close(self) -> None:
         if self._client is not None and self._owns_client:

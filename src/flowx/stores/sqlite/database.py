@@ -22,6 +22,7 @@ from flowx.stores.errors import (
     SchemaNotMigrated,
     SchemaTooNew,
 )
+from flowx.urls import BadURL, check_sqlite_path, redact
 
 T = TypeVar("T")
 
@@ -179,9 +180,17 @@ class SqliteDatabase:
                 f"folder {self.path.parent} for SQLite store {self.path.name} does not exist; "
                 "create it first"
             )
-        conn = sqlite3.connect(
-            str(self.path), isolation_level=None, check_same_thread=False, timeout=30
-        )
+        try:
+            conn = sqlite3.connect(
+                str(self.path), isolation_level=None, check_same_thread=False, timeout=30
+            )
+        except sqlite3.OperationalError as exc:  # a directory, an unwritable folder
+            check_sqlite_path(self.path)  # names the cause when it can tell
+            raise BadURL(
+                f"SQLite cannot open {redact(str(self.path))!r} ({exc}); name a file in a "
+                "folder this process may write in",
+                url=redact(str(self.path)),
+            ) from exc
         try:
             try:
                 conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
