@@ -27,12 +27,10 @@ from typing import Any
 import psycopg
 
 import flowx
-from benchmarks.rig import services
 from benchmarks.rig.flows import STEPS, Order, order
+from benchmarks.rig.services import RigServers
 
 ROOT = Path(__file__).resolve().parents[2]
-PG_DSN = os.environ.get("FLOWX_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
-REDIS_URL = os.environ.get("FLOWX_TEST_REDIS", "redis://127.0.0.1:6379/0")
 ARMS = (
     "kill_after_effect",
     "kill_after_commit",
@@ -49,6 +47,7 @@ class Worker:
     proc: subprocess.Popen[bytes]
     node: str
     log: Path
+    ready_at: float = 0.0
 
     @property
     def pid(self) -> int:
@@ -79,8 +78,6 @@ class RigConfig:
     faults: int = 3
     rate: float = 200.0
     work_ms: tuple[int, int] = (20, 80)
-    dsn: str = PG_DSN
-    redis_url: str = REDIS_URL
     redis_leases: bool = False
     drain_timeout: float = 10.0
     #: How long a restarted server stays down; ``None``: a second for PostgreSQL, and a whole
@@ -108,23 +105,58 @@ class Rig:
         self.slowest: list[tuple[float, str, str]] = []
         self.interrupted: list[float] = []
         self._rng = random.Random()
+        #: Per resume: (fault index, instance, first commit elsewhere, interrupting fault index).
+        self.resumes: list[tuple[int, str, float, int | None]] = []
+        self.servers = RigServers(redis=config.redis_leases)
+
+    @property
+    def dsn(self) -> str:
+        return self.servers.dsn
+
+    async def trace(self) -> dict[str, Any]:
+        """The run's fault log, for analysis after the fact (not part of the result row): every
+        worker, every fault with the instances it hit, every resume, and the step commits and
+        effects of every instance a fault hit."""
+        hit = sorted({i for f in self.faults for i in f.affected})
+        commits = await self.sql(
+            "SELECT s.instance_id::text, s.step_id, extract(epoch FROM s.committed_at)::float8, "
+            "l.pid FROM flow_step s JOIN ledger l ON l.effect_id::text = (s.result::json #>> '{}') "
+            "WHERE s.instance_id = ANY(%s::uuid[]) ORDER BY 1, 3",
+            hit,
+        )
+        effects = await self.sql(
+            "SELECT instance_id::text, step_id, extract(epoch FROM at)::float8, pid FROM ledger "
+            "WHERE instance_id = ANY(%s::uuid[]) ORDER BY 1, 3",
+            hit,
+        )
+        return {
+            "config": {k: v for k, v in vars(self.c).items()},
+            "workers": [
+                {"pid": w.pid, "node": w.node, "ready_at": w.ready_at}
+                for w in self.gone + self.workers
+            ],
+            "faults": [vars(f) for f in self.faults],
+            "resumes": self.resumes,
+            "commits": commits,
+            "effects": effects,
+        }
 
     # -- plumbing -------------------------------------------------------------------------
 
     @property
     def store_url(self) -> str:
-        return f"{self.c.dsn}?flowx_schema={self.schema}"
+        return f"{self.dsn}?flowx_schema={self.schema}"
 
     @property
     def leases_url(self) -> str | None:
         if not self.c.redis_leases:
             return None
-        return f"{self.c.redis_url}?flowx_prefix={self.prefix}"
+        return f"{self.servers.redis_url}?flowx_prefix={self.prefix}"
 
     def _sql(self, query: str, *args: Any) -> list[tuple[Any, ...]]:
         for attempt in range(100):
             try:
-                with psycopg.connect(self.c.dsn, autocommit=True, connect_timeout=5) as conn:
+                with psycopg.connect(self.dsn, autocommit=True, connect_timeout=5) as conn:
                     conn.execute(f"SET search_path = {self.schema}, {self.ledger_schema}")
                     cur = conn.execute(query, args or None)  # type: ignore[arg-type]
                     return cur.fetchall() if cur.description else []
@@ -139,7 +171,9 @@ class Rig:
 
     def _prepare(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
-        with psycopg.connect(self.c.dsn, autocommit=True) as conn:
+        self.servers.start()
+        self.servers.check_can_restart(self.c.arm)
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
             conn.execute(f"CREATE SCHEMA {self.ledger_schema}")
             conn.execute(
                 f"CREATE TABLE {self.ledger_schema}.ledger (effect_id uuid PRIMARY KEY, "
@@ -148,16 +182,18 @@ class Rig:
             )
 
     def cleanup(self) -> None:
-        with psycopg.connect(self.c.dsn, autocommit=True) as conn:
-            conn.execute(f"DROP SCHEMA IF EXISTS {self.schema} CASCADE")
-            conn.execute(f"DROP SCHEMA IF EXISTS {self.ledger_schema} CASCADE")
+        if self.servers.pg is None:  # a server not ours: leave it as it was
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                conn.execute(f"DROP SCHEMA IF EXISTS {self.schema} CASCADE")
+                conn.execute(f"DROP SCHEMA IF EXISTS {self.ledger_schema} CASCADE")
+        self.servers.close()
 
     def spawn(self) -> Worker:
         self._seq += 1
         node = f"chaos-{self._seq}"
         ready = self.dir / f"ready-{node}"
         log = self.dir / f"worker-{node}.log"
-        ledger_dsn = f"{self.c.dsn}?options=-csearch_path%3D{self.ledger_schema}"
+        ledger_dsn = f"{self.dsn}?options=-csearch_path%3D{self.ledger_schema}"
         env = {
             **os.environ,
             "CHAOS_DIR": str(self.dir),
@@ -187,7 +223,7 @@ class Rig:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"worker {node} not ready in 60 s: {log.read_text()}")
             time.sleep(0.02)
-        worker = Worker(proc=proc, node=node, log=log)
+        worker = Worker(proc=proc, node=node, log=log, ready_at=time.time())
         self.workers.append(worker)
         return worker
 
@@ -206,7 +242,7 @@ class Rig:
             return [r[0] for r in rows]
         from redis import asyncio as aioredis
 
-        client = aioredis.Redis.from_url(self.c.redis_url, decode_responses=True)
+        client = aioredis.Redis.from_url(self.servers.redis_url, decode_responses=True)
         try:
             now_ms = int(time.time() * 1000)
             held = []
@@ -298,10 +334,6 @@ class Rig:
                         os.kill(w.pid, signal.SIGCONT)
                         w.proc.kill()
                     w.proc.wait()
-            for fn in (services.start_postgres, services.start_redis):
-                with contextlib.suppress(Exception):
-                    if not services.port_open(5432 if fn is services.start_postgres else 6379):
-                        await asyncio.to_thread(fn)
 
     async def stop_all(self) -> None:
         for w in list(self.workers):
@@ -445,9 +477,9 @@ class Rig:
         for _ in range(self.c.faults):
             fault = Fault(kind="postgres_restart", at=time.time())
             self.faults.append(fault)
-            await asyncio.to_thread(services.stop_postgres)
+            await asyncio.to_thread(self.servers.stop_postgres)
             await asyncio.sleep(self.c.outage if self.c.outage is not None else 1.0)
-            await asyncio.to_thread(services.start_postgres)
+            await asyncio.to_thread(self.servers.start_postgres)
             fault.until = time.time()
             await asyncio.sleep(self._spacing())
 
@@ -455,9 +487,9 @@ class Rig:
         for _ in range(self.c.faults):
             fault = Fault(kind="redis_restart", at=time.time())
             self.faults.append(fault)
-            await asyncio.to_thread(services.stop_redis)
+            await asyncio.to_thread(self.servers.stop_redis)
             await asyncio.sleep(self.c.outage if self.c.outage is not None else self.c.ttl)
-            await asyncio.to_thread(services.start_redis)
+            await asyncio.to_thread(self.servers.start_redis)
             fault.until = time.time()
             await asyncio.sleep(self._spacing())
 
@@ -603,7 +635,7 @@ class Rig:
         from redis import asyncio as aioredis
 
         fences = dict(await self.sql("SELECT instance_id::text, fence FROM flow_instance"))
-        client = aioredis.Redis.from_url(self.c.redis_url, decode_responses=True)
+        client = aioredis.Redis.from_url(self.servers.redis_url, decode_responses=True)
         try:
             below = 0
             for iid, fence in fences.items():
@@ -617,7 +649,7 @@ class Rig:
     async def _resume_latencies(self) -> list[float]:
         """Per affected instance: from the fault to its next commit by another process."""
         out: list[float] = []
-        for f in self.faults:
+        for fi, f in enumerate(self.faults):
             if not f.affected:
                 continue
             rows = await self.sql(
@@ -632,9 +664,12 @@ class Rig:
             for iid, t in rows:
                 # Taken over, then killed again before its new owner committed: that wait
                 # belongs to the later fault, which measures it from its own moment.
-                if any(
-                    f.at < g.at < t and str(iid) in g.affected for g in self.faults if g is not f
-                ):
+                later = [
+                    gi for gi, g in enumerate(self.faults)
+                    if g is not f and f.at < g.at < t and str(iid) in g.affected
+                ]  # fmt: skip
+                self.resumes.append((fi, str(iid), t, later[0] if later else None))
+                if later:
                     self.interrupted.append(max(0.0, t - f.at))
                     continue
                 out.append(max(0.0, t - f.at))
