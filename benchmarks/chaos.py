@@ -20,7 +20,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.rig.controller import ARMS, Rig, RigConfig, invariants, now_iso
+from benchmarks.rig.checks import invariants
+from benchmarks.rig.controller import Rig, now_iso
+from benchmarks.rig.model import ARMS, RigConfig
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -43,9 +45,16 @@ def full_plan() -> list[RigConfig]:
         cfg = RigConfig(arm=arm, flows=10_000, faults=8, ttl=5, scan=10, rate=40)
         if arm == "kill_after_commit":
             cfg.faults = 20
-        if arm in ("redis_restart", "lease_store_outage"):
+        if arm == "redis_restart":
             cfg.redis_leases = True
             cfg.work_ms = (150, 300)
+        if arm == "lease_store_outage":
+            # Steps outlast a renewal interval (TTL/3): Redis stops under running steps,
+            # which finish with no live lease. Slower feed: each flow takes ~9 s.
+            cfg.redis_leases, cfg.faults, cfg.rate = True, 4, 25
+            cfg.work_ms = (int(cfg.ttl * 400), int(cfg.ttl * 500))
+        if arm == "clock_skew":
+            cfg.skews = (cfg.ttl / 2, -cfg.ttl / 2, 0.0)
         if arm == "sigterm_drain":
             cfg.ttl = 30
         plan.append(cfg)
@@ -109,7 +118,7 @@ async def main() -> None:
             RigConfig(
                 arm=args.arm, flows=args.flows, faults=args.faults, ttl=args.ttl,
                 scan=args.scan, rate=args.rate, workers=args.workers,
-                redis_leases=args.arm == "redis_restart",
+                redis_leases=args.arm in ("redis_restart", "lease_store_outage"),
             )
         ]  # fmt: skip
     else:

@@ -12,7 +12,9 @@ import json
 from pathlib import Path
 
 import pytest
-from benchmarks.rig.controller import Rig, RigConfig, invariants
+from benchmarks.rig.checks import invariants
+from benchmarks.rig.controller import Rig
+from benchmarks.rig.model import RigConfig
 
 pytestmark = [pytest.mark.crash, pytest.mark.timeout(300)]
 
@@ -32,6 +34,21 @@ CI_ARMS = {
     # slower feed, so a SIGTERM always finds instances in flight to hand back: at full speed
     # the 500 flows can all be done before the second one lands, leaving nothing to measure.
     "sigterm_drain": RigConfig(arm="sigterm_drain", flows=500, faults=2, ttl=20.0, rate=40),
+    # Issue 12 item 1: a step's COMMIT runs on the server and its reply never comes back.
+    "commit_no_reply": RigConfig(arm="commit_no_reply", flows=400, faults=2, rate=40),
+    # Item 2: one worker's clock TTL/2 ahead, one TTL/2 behind; kills aimed at those two.
+    "clock_skew": RigConfig(
+        arm="clock_skew", flows=400, faults=2, ttl=4.0, rate=40, skews=(2.0, -2.0, 0.0)
+    ),
+    # Item 3: Redis leases gone for 3 x TTL while steps outlast a renewal interval.
+    "lease_store_outage": RigConfig(
+        arm="lease_store_outage",
+        flows=300,
+        faults=1,
+        rate=40,
+        redis_leases=True,
+        work_ms=(1200, 1500),
+    ),
 }
 
 
