@@ -22,6 +22,7 @@ from typing import Any
 
 from benchmarks.rig.checks import invariants
 from benchmarks.rig.controller import Rig, now_iso
+from benchmarks.rig.interrupts import interruption_model, load
 from benchmarks.rig.model import ARMS, RigConfig
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -71,9 +72,9 @@ def table(rows: list[dict[str, Any]]) -> str:
     head = (
         "| arm | lease store | TTL | scan | flows | faults | lost | duplicate effects "
         "| of which cut off by a fault | writes refused | resume p50 | resume p99 | max "
-        "| invariants |"
+        "| resumes cut by a later fault (by chance) | invariants |"
     )
-    lines = [head, "|" + "---|" * 14]
+    lines = [head, "|" + "---|" * 15]
     for r in rows:
         ok = all(r["invariants"].values())
         failed = [k for k, v in r["invariants"].items() if not v]
@@ -81,12 +82,18 @@ def table(rows: list[dict[str, Any]]) -> str:
         def s(v: Any) -> str:
             return "–" if v is None else f"{v:.2f} s" if isinstance(v, float) else str(v)
 
+        cut = (
+            f"{r['resumes_interrupted_by_a_later_fault']} of {r['resumes_total']} ({chance:.1f})"
+            if (chance := r.get("interrupted_expected_by_chance")) is not None
+            else str(r["resumes_interrupted_by_a_later_fault"])
+        )
         lines.append(
             f"| {r['arm']} | {r['lease_store']} | {r['lease_ttl_s']:.0f} s "
             f"| {r['scan_interval_s']:.0f} s | {r['flows']:,} | {r['faults']} | {r['lost']} "
             f"| {r['duplicate_effects']} | {r['uncommitted_effects_explained']} "
             f"| {r['writes_refused']} | {s(r['resume_p50_s'])} | {s(r['resume_p99_s'])} "
-            f"| {s(r['resume_max_s'])} | {'all hold' if ok else 'FAILED: ' + ', '.join(failed)} |"
+            f"| {s(r['resume_max_s'])} | {cut} "
+            f"| {'all hold' if ok else 'FAILED: ' + ', '.join(failed)} |"
         )
     return "\n".join(lines)
 
@@ -112,7 +119,15 @@ async def main() -> None:
     parser.add_argument(
         "--note", default=None, help="what else the machine was doing, kept with the results"
     )
+    parser.add_argument(
+        "--reanalyse", action="store_true",
+        help="run nothing: recompute the interruption measures of --out from its fault logs "
+        "(benchmarks/rig/interrupts.py) and print the table",
+    )  # fmt: skip
     args = parser.parse_args()
+    if args.reanalyse:
+        _reanalyse(args.out)
+        return
     if args.arm:
         plan = [
             RigConfig(
@@ -142,7 +157,9 @@ async def main() -> None:
             rig = Rig(cfg, Path(tmp) / f"{i}-{cfg.arm}")
             try:
                 result = await rig.run()
-                _write_trace(args.out, cfg, await rig.trace())
+                trace = await rig.trace()
+                result.update(interruption_model(trace, result["effects"]))
+                _write_trace(args.out, cfg, trace)
             finally:
                 rig.cleanup()
             result["invariants"] = invariants(result)
@@ -174,9 +191,25 @@ def _write(out: Path, rows: list[dict[str, Any]], note: str | None) -> None:
     )
 
 
+def _trace_path(out: Path, arm: str, ttl: float) -> Path:
+    return out.parent / "chaos-trace" / f"{arm}-ttl{ttl:g}.json"
+
+
+def _reanalyse(out: Path) -> None:
+    data = json.loads(out.read_text())
+    for row in data["runs"]:
+        path = _trace_path(out, row["arm"], row["lease_ttl_s"])
+        for candidate in (path, path.with_name(path.name + ".gz")):
+            if candidate.exists():
+                row.update(interruption_model(load(candidate), row["effects"]))
+                break
+    out.write_text(json.dumps(data, indent=2) + "\n")
+    print(table(data["runs"]))
+
+
 def _write_trace(out: Path, cfg: RigConfig, trace: dict[str, Any]) -> None:
     """The fault log of one arm, next to the results: what the README's analysis reads."""
-    path = out.parent / "chaos-trace" / f"{cfg.arm}-ttl{cfg.ttl:g}.json"
+    path = _trace_path(out, cfg.arm, cfg.ttl)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(trace, default=str) + "\n")
 

@@ -416,9 +416,14 @@ class Rig:
         """Arm a busy worker and wait for it to park; another if it ran out of work first."""
         for _ in range(5):
             worker = await self.pick_busy(skewed=skewed)
+            armed_at = time.time()
             await self.arm(worker, phase, hold=hold, before_last=before_last)
             with contextlib.suppress(TimeoutError):
-                return worker, await self.parked(worker.pid, timeout=10)
+                note = await self.parked(worker.pid, timeout=10)
+                # How long the worker took to run a step after being armed: the fault log
+                # shows where an aimed fault lands (benchmarks/rig/interrupts.py).
+                note["armed_at"] = armed_at
+                return worker, note
             (self.dir / f"arm-{worker.pid}.json").write_text("{}")  # disarm it
             os.kill(worker.pid, signal.SIGUSR1)
         raise TimeoutError("no worker parked an armed step: is the feed still running?")
