@@ -33,7 +33,7 @@ def full_plan() -> list[RigConfig]:
 
     The feed is paced so the fleet is busy but not saturated on a small machine: what is
     measured is recovery, not a backlog. The kill arm keeps the 25 flows/s and 52 kills of the
-    run whose TTL-30 finding README explains; the other arms run at 40 flows/s to keep the
+    run whose TTL-30 finding README explains; the other arms run at 50 flows/s to keep the
     wall time down (each of their faults lasts long enough to find work in flight at that rate).
     """
     plan = [
@@ -43,7 +43,7 @@ def full_plan() -> list[RigConfig]:
     for arm in ARMS:
         if arm == "kill_after_effect":
             continue
-        cfg = RigConfig(arm=arm, flows=10_000, faults=8, ttl=5, scan=10, rate=40)
+        cfg = RigConfig(arm=arm, flows=10_000, faults=8, ttl=5, scan=10, rate=50)
         if arm == "kill_after_commit":
             cfg.faults = 20
         if arm == "redis_restart":
@@ -52,7 +52,7 @@ def full_plan() -> list[RigConfig]:
         if arm == "lease_store_outage":
             # Steps outlast a renewal interval (TTL/3): Redis stops under running steps,
             # which finish with no live lease. Slower feed: each flow takes ~9 s.
-            cfg.redis_leases, cfg.faults, cfg.rate = True, 4, 25
+            cfg.redis_leases, cfg.faults, cfg.rate = True, 4, 35
             cfg.work_ms = (int(cfg.ttl * 400), int(cfg.ttl * 500))
         if arm == "clock_skew":
             cfg.skews = (cfg.ttl / 2, -cfg.ttl / 2, 0.0)
@@ -139,16 +139,14 @@ async def main() -> None:
     else:
         plan = quick_plan() if args.quick else full_plan()
     if args.only:
-        wanted = set(args.only.split(","))
-        plan = [cfg for cfg in plan if cfg.arm in wanted]
+        # In the order given; ``arm@ttl`` picks one TTL of an arm the plan runs at several.
+        plan = [cfg for want in args.only.split(",") for cfg in plan
+                if want in (cfg.arm, f"{cfg.arm}@{cfg.ttl:g}")]  # fmt: skip
     rows: list[dict[str, Any]] = []
     if args.append and args.out.exists():
         # A run of an arm at a TTL replaces the earlier one; the rest are kept as they were.
-        again = {(cfg.arm, float(cfg.ttl)) for cfg in plan}
-        rows = [
-            r for r in json.loads(args.out.read_text())["runs"]
-            if (r["arm"], float(r["lease_ttl_s"])) not in again
-        ]  # fmt: skip
+        # (once it has finished: a run that dies keeps the row it was to replace).
+        rows = list(json.loads(args.out.read_text())["runs"])
     with tempfile.TemporaryDirectory(prefix="flowx-chaos-") as tmp:
         for i, cfg in enumerate(plan):
             print(
@@ -163,7 +161,10 @@ async def main() -> None:
             finally:
                 rig.cleanup()
             result["invariants"] = invariants(result)
-            rows.append(result)
+            rows = [
+                r for r in rows if (r["arm"], float(r["lease_ttl_s"])) != (cfg.arm, float(cfg.ttl))
+            ]
+            rows.append(result)  # fmt: skip
             print(table([result]).splitlines()[-1], flush=True)
             # After every arm: a long run that dies keeps what it did.
             _write(args.out, rows, args.note)

@@ -58,6 +58,8 @@ class Rig:
         #: Per resume: (fault index, instance, first commit elsewhere, interrupting fault index).
         self.resumes: list[tuple[int, str, float, int | None]] = []
         self.servers = RigServers(redis=config.redis_leases)
+        self._feed_end = 0.0
+        self._rounds = 0
 
     @property
     def dsn(self) -> str:
@@ -302,6 +304,7 @@ class Rig:
             stores = flowx.from_url(self.store_url, leases=self.leases_url)
             host = flowx.FlowHost(store=stores, flows=[order], recovery=False, node_id="controller")
             async with host:
+                self._feed_end = time.monotonic() + self.c.flows / self.c.rate
                 feeding = asyncio.ensure_future(self.feed(host))
                 await self.inject()
                 await feeding
@@ -394,9 +397,16 @@ class Rig:
         await run[self.c.arm]()
 
     def spacing(self) -> float:
-        """Spread the faults over the feed, so each lands on a busy fleet."""
+        """Spread the faults over the feed, so each lands on a busy fleet: what is left of the
+        feed, shared among the faults still to come. Called once after each fault; it reckons
+        from the clock, so faults that took longer than planned (an armed worker that had no
+        step to run for a while) do not push the last ones past the end of the feed."""
         c = self.c
-        feed_s = c.flows / c.rate
+        self._rounds += 1
+        to_come = c.faults - self._rounds
+        if to_come <= 0:
+            return 0.2
+        slot = (self._feed_end - time.monotonic()) / to_come
         # What a fault costs of its own: parking and a replacement starting (2.5 s), or a
         # stop past the TTL and a takeover, or an outage.
         cost = 2.5
@@ -408,7 +418,7 @@ class Rig:
             cost = (c.outage or c.ttl) + 3.0
         elif c.arm == "lease_store_outage":
             cost = (c.outage or c.ttl * 3) + 3.0
-        return max(0.2, feed_s / max(1, c.faults) - cost)
+        return max(0.2, slot - cost)
 
     async def armed(
         self, phase: str, *, hold: float = 3600, skewed: bool = False, before_last: bool = False

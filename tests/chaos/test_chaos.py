@@ -1,9 +1,12 @@
-"""The chaos rig at CI size: every arm of issue 4, real processes, real servers (R3.5, R4.3,
-R7.2, SPEC §8). The full-size run is ``python -m benchmarks.chaos``.
+"""The chaos rig at CI size: every arm of issues 4 and 12, real processes, real servers (R2.4,
+R3.5, R4.3, R7.2, R9.1, R9.2, SPEC §8). The full-size run is ``python -m benchmarks.chaos``.
 
-Each arm starts worker processes on a fresh PostgreSQL schema, feeds them flows whose every
-step records a non-idempotent effect in a ledger table, injects its fault, waits until every
-instance has settled and then checks the invariants in SQL (``benchmarks.rig.controller``).
+Each arm starts worker processes on a fresh PostgreSQL cluster of its own (never the shared
+server: arms restart it), feeds them flows whose every step records a non-idempotent effect
+in a ledger table, injects its fault, waits until every instance has settled and then checks
+the invariants in SQL (``benchmarks.rig.checks``). Issue 12's arms: a COMMIT whose reply a
+fault proxy swallows (``commit_no_reply``), workers under libfaketime at ±TTL/2
+(``clock_skew``), Redis leases gone for 3 × TTL under long steps (``lease_store_outage``).
 """
 
 from __future__ import annotations
