@@ -151,7 +151,15 @@ async def commit_no_reply(rig: Rig) -> None:
         fault = Fault(kind="commit_no_reply", at=time.time(), pid=worker.pid, node=worker.node,
                       affected=[iid], parked=note)  # fmt: skip
         rig.faults.append(fault)
-        await rig.taken_over(iid, worker.pid, within=rig.c.ttl * 6 + rig.c.scan * 4 + 30)
+        # Taken over under a new lease — by a peer, or by the same worker's own sweep once the
+        # lease ran out (it serves on) — and completed.
+        [(fence,)] = await rig.sql("SELECT fence FROM flow_instance WHERE instance_id = %s", iid)
+        await rig.until_sql(
+            "SELECT count(*) FROM flow_instance WHERE instance_id = %s AND fence > %s "
+            "AND state = 'Completed'",
+            iid, fence, within=rig.c.ttl * 6 + rig.c.scan * 4 + 30,
+            what=f"{iid} taken over under a new lease and completed",
+        )  # fmt: skip
         await worker.proxy.forward()  # the late reply reaches a connection long given up
         fault.until = time.time()
         await asyncio.sleep(rig.spacing())

@@ -364,6 +364,15 @@ class Rig:
             await self.start_worker(worker.skew)
         return fault
 
+    async def until_sql(self, query: str, *args: Any, within: float, what: str) -> None:
+        """Wait until ``query`` (a count) is non-zero."""
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            if (await self.sql(query, *args))[0][0]:
+                return
+            await asyncio.sleep(0.1)
+        raise TimeoutError(f"not within {within:.0f} s: {what}")
+
     async def taken_over(self, instance_id: str, pid: int, *, within: float) -> None:
         """Wait until a process other than ``pid`` has committed a step of the instance."""
         deadline = time.monotonic() + within
