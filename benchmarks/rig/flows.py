@@ -12,7 +12,9 @@ SIGUSR1. The next step that worker runs (of one instance, if the arm names it) p
 - ``after_effect``: the effect is in the ledger and the step has not returned, so not committed;
 - ``before_effect``: the previous step's commit has landed and this step has done nothing yet.
 
-The controller then kills, stops or lets go of the process, knowing exactly where it stood.
+With ``before_last`` set, the last step of a flow does not take the arm (its commit ends the
+instance, so a fault there leaves nothing to take over). The controller then kills, stops or
+lets go of the process, knowing exactly where it stood.
 """
 
 from __future__ import annotations
@@ -70,14 +72,16 @@ if "CHAOS_DIR" in os.environ:
     signal.signal(signal.SIGUSR1, _on_arm)
 
 
-def _take_arm(phase: str, instance_id: str) -> dict[str, Any] | None:
+def _take_arm(phase: str, ctx: flowx.StepContext) -> dict[str, Any] | None:
     """The arm, if it fires here. No await in between: one step takes it, never two."""
     global _arm
     arm = _arm
     if arm is None or arm.get("phase") != phase:
         return None
-    if arm.get("instance") not in (None, instance_id):
+    if arm.get("instance") not in (None, ctx.instance_id):
         return None
+    if arm.get("before_last") and ctx.step_id >= STEPS:
+        return None  # the last step's commit completes the instance: nothing to take over
     _arm = None
     return arm
 
@@ -140,11 +144,11 @@ async def _record(ctx: flowx.StepContext) -> str:
 async def effect(ctx: flowx.StepContext, order: Order) -> str:
     lo, hi = (float(x) for x in os.environ.get("CHAOS_WORK_MS", "20,80").split(","))
     await asyncio.sleep(random.uniform(lo, hi) / 1000)
-    arm = _take_arm("before_effect", ctx.instance_id)
+    arm = _take_arm("before_effect", ctx)
     if arm is not None:
         await _park(arm, ctx, "before_effect")
     effect_id = await _record(ctx)
-    arm = _take_arm("after_effect", ctx.instance_id)
+    arm = _take_arm("after_effect", ctx)
     if arm is not None:
         await _park(arm, ctx, "after_effect")
     return effect_id

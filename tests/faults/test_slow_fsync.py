@@ -28,13 +28,10 @@ so under a delay d it takes about 2d: at d = TTL/5 that is 0.4 TTL, past a TTL/3
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -55,6 +52,7 @@ from tests.faults.skew_support import (
     start_worker,
     wait_until,
 )
+from tests.support.servers import ServerUnavailable, ThrowawayPostgres
 
 pytestmark = pytest.mark.crash
 
@@ -64,70 +62,6 @@ DELAY = TTL / 5  # seconds added to every fsync and fdatasync
 HOLD = 5 * TTL  # how long the fault holds: a three-step instance needs ~10 s of 2 s commits
 INSTANCES = 12  # of three steps each, started while the fault holds
 BASELINE = 60  # the same, without the fault: enough steps for a rate
-PG_BIN = sorted(Path("/usr/lib/postgresql").glob("*/bin"))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _as_postgres(*command: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["runuser", "-u", "postgres", "--", *command],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=True,
-    )
-
-
-class ThrowawayPostgres:
-    """A PostgreSQL cluster in a temporary directory, owned by ``postgres``, on a free port."""
-
-    def __init__(self) -> None:
-        self.bin = PG_BIN[-1]
-        self.dir = Path(tempfile.mkdtemp(prefix="flowx-fsync-"))
-        shutil.chown(self.dir, "postgres", "postgres")
-        self.data = self.dir / "data"
-        self.port = _free_port()
-        self.log = self.dir / "server.log"
-        self.dsn = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
-
-    def start(self) -> None:
-        _as_postgres(
-            str(self.bin / "initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres",
-            "-E", "UTF8", "--no-sync",
-        )  # fmt: skip
-        options = (
-            f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=on "
-            "-c synchronous_commit=on -c shared_buffers=16MB -c max_connections=100 "
-            "-c autovacuum=off"
-        )
-        _as_postgres(
-            str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", str(self.log),
-            "-w", "-t", "60", "-o", options, "start",
-        )  # fmt: skip
-
-    @property
-    def postmaster(self) -> int:
-        return int((self.data / "postmaster.pid").read_text().splitlines()[0])
-
-    def processes(self) -> list[int]:
-        """The postmaster and every process it has forked."""
-        pm = self.postmaster
-        children = Path(f"/proc/{pm}/task/{pm}/children").read_text().split()
-        return [pm, *(int(c) for c in children)]
-
-    def stop(self) -> None:
-        if (self.data / "postmaster.pid").exists():
-            subprocess.run(
-                ["runuser", "-u", "postgres", "--", str(self.bin / "pg_ctl"), "-D",
-                 str(self.data), "-m", "immediate", "-w", "stop"],
-                capture_output=True, timeout=60,
-            )  # fmt: skip
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def _traced_by(pid: int) -> int:
@@ -187,21 +121,24 @@ class SlowFsync:
 
 @pytest.fixture
 def cluster() -> Iterator[ThrowawayPostgres]:
-    if not PG_BIN:
-        pytest.skip("no PostgreSQL server binaries under /usr/lib/postgresql")
-    if os.geteuid() != 0:
-        pytest.skip("needs root: the throwaway cluster is run as the postgres user (runuser)")
     if shutil.which("strace") is None:
         pytest.skip(
             "strace is not installed (scripts/services.sh installs it): the slow-fsync test "
             "adds its delay with strace's fault injection"
         )
-    c = ThrowawayPostgres()
+    try:
+        c = ThrowawayPostgres(
+            "flowx-fsync-",
+            {"fsync": "on", "synchronous_commit": "on", "shared_buffers": "16MB",
+             "max_connections": "100", "autovacuum": "off"},
+        )  # fmt: skip
+    except ServerUnavailable as e:
+        pytest.skip(str(e))
     try:
         c.start()
         yield c
     finally:
-        c.stop()
+        c.destroy()
 
 
 class CommitProbe:

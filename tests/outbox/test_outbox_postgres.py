@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
-from benchmarks.rig import services
 
 import flowx
 from flowx.outbox import (
@@ -27,6 +26,7 @@ from flowx.testing.conformance.outbox import read_at_least
 from tests.outbox.flows import Order, order_flow
 from tests.postgres_support import PG_DSN
 from tests.redis_support import REDIS_URL, drop_redis_prefix
+from tests.support.servers import ServerUnavailable, ThrowawayRedis
 
 RABBITMQ_URL = os.environ.get("FLOWX_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672/")
 
@@ -48,10 +48,10 @@ async def prefix() -> AsyncIterator[str]:
     await drop_redis_prefix(name)
 
 
-async def stream_entries(stream: str) -> list[dict[str, str]]:
+async def stream_entries(stream: str, url: str = REDIS_URL) -> list[dict[str, str]]:
     from redis import asyncio as aioredis
 
-    client: Any = aioredis.Redis.from_url(REDIS_URL, decode_responses=True)
+    client: Any = aioredis.Redis.from_url(url, decode_responses=True)
     try:
         return [fields for _id, fields in await client.xrange(stream)]
     finally:
@@ -136,12 +136,25 @@ async def _run_and_check(pg: PostgresStores, prefix: str, broker: Any, queue: An
 async def test_with_redis_stopped_flows_complete_and_the_outbox_waits(
     pg: PostgresStores, prefix: str
 ) -> None:
-    """SPEC §8 'broker unavailable': the real Redis is shut down mid-run and restarted."""
-    broker = RedisStreamsPublisher(REDIS_URL, prefix=f"{prefix}:", timeout=1.0)
+    """SPEC §8 'broker unavailable': a real Redis is shut down mid-run and restarted (one of
+    this test's own, ``tests/support/servers.py``: the shared one is never touched)."""
+    try:
+        redis = ThrowawayRedis()
+    except ServerUnavailable as e:
+        pytest.skip(str(e))
+    redis.start()
+    try:
+        await _through_a_redis_outage(pg, prefix, redis)
+    finally:
+        redis.stop()
+
+
+async def _through_a_redis_outage(pg: PostgresStores, prefix: str, redis: ThrowawayRedis) -> None:
+    broker = RedisStreamsPublisher(redis.url, prefix=f"{prefix}:", timeout=1.0)
     async with flowx.FlowHost(store=pg, flows=[order_flow], publisher=broker) as host:
         assert host.outbox is not None
         host.outbox.retry_backoff = host.outbox.max_backoff = 0.2
-        await asyncio.to_thread(services.stop_redis)
+        await asyncio.to_thread(redis.stop)
         try:
             handles = [await host.start(order_flow, Order(order_id=f"o{i}")) for i in range(20)]
             await asyncio.gather(*(h.result() for h in handles))
@@ -151,10 +164,10 @@ async def test_with_redis_stopped_flows_complete_and_the_outbox_waits(
             assert await pg.outbox.pending_count() == 60  # all of it waits, nothing lost
             assert host.outbox.failures > 0
         finally:
-            await asyncio.to_thread(services.start_redis)
+            await asyncio.to_thread(redis.start)
         await wait_until_published(pg)
         for i in range(20):
-            got = await stream_entries(f"{prefix}:o{i}")
+            got = await stream_entries(f"{prefix}:o{i}", redis.url)
             assert [json.loads(g["payload"])["n"] for g in got] == [1, 2, 3]
 
 

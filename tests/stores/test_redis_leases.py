@@ -1,18 +1,18 @@
 """The Redis lease store across a real Redis restart (issue 4, R2.4, R3.1).
 
 Redis here keeps nothing on disk: a restart forgets every fencing counter. These tests restart
-the real server and show that no token at or below a fence the journal has seen is ever used.
+a real ``redis-server`` of their own (``tests/support/servers.py``; the shared one is never
+touched) and show that no token at or below a fence the journal has seen is ever used.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from benchmarks.rig import services
 from pydantic import BaseModel
 
 import flowx
@@ -22,7 +22,7 @@ from flowx.stores.postgres import PostgresStores
 from flowx.stores.records import InstanceState, NewInstance
 from flowx.stores.redis import RedisLeaseStore
 from tests.postgres_support import PG_DSN
-from tests.redis_support import REDIS_URL, drop_redis_prefix
+from tests.support.servers import ServerUnavailable, ThrowawayRedis
 
 pytestmark = pytest.mark.crash  # restarts a real server
 
@@ -61,27 +61,42 @@ PLAN = (
 
 
 @pytest.fixture
-async def stores(pg_schema: Callable[[], str]) -> AsyncIterator[PairedStores]:
+def redis() -> Iterator[ThrowawayRedis]:
+    try:
+        server = ThrowawayRedis()
+    except ServerUnavailable as e:
+        pytest.skip(str(e))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+async def stores(
+    pg_schema: Callable[[], str], redis: ThrowawayRedis
+) -> AsyncIterator[PairedStores]:
     prefix = f"flowx-test-{uuid.uuid4().hex[:12]}"
     paired = with_leases(
-        PostgresStores(PG_DSN, schema=pg_schema()), RedisLeaseStore(REDIS_URL, prefix=prefix)
+        PostgresStores(PG_DSN, schema=pg_schema()), RedisLeaseStore(redis.url, prefix=prefix)
     )
     await paired.open()
     try:
         yield paired
     finally:
         await paired.close()
-        if services.port_open(6379):
-            await drop_redis_prefix(prefix)
 
 
-async def restart_redis() -> None:
-    await asyncio.to_thread(services.stop_redis)
-    await asyncio.to_thread(services.start_redis)
+@pytest.fixture
+def restart_redis(redis: ThrowawayRedis) -> Callable[[], Awaitable[None]]:
+    async def restart() -> None:
+        await asyncio.to_thread(redis.stop)
+        await asyncio.to_thread(redis.start)
+
+    return restart
 
 
 async def test_after_a_restart_no_token_at_or_below_the_journal_fence_is_used(
-    stores: PairedStores,
+    stores: PairedStores, restart_redis: Callable[[], Awaitable[None]]
 ) -> None:
     now = datetime.now(UTC)
     iid = str(uuid.uuid4())
@@ -130,7 +145,7 @@ async def test_after_a_restart_no_token_at_or_below_the_journal_fence_is_used(
 
 
 async def test_a_live_lease_survives_a_restart_and_nobody_else_takes_it(
-    stores: PairedStores,
+    stores: PairedStores, restart_redis: Callable[[], Awaitable[None]]
 ) -> None:
     gate["held"] = asyncio.Event()
     settings = flowx.HostSettings(lease_ttl=TTL)
