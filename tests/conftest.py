@@ -1,4 +1,5 @@
-"""Shared fixtures: a fake clock and hosts over the in-memory store."""
+"""Shared fixtures: a fake clock, hosts over the in-memory store, PostgreSQL schemas and a
+throwaway Redis."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 
 import flowx
 from flowx.testing import FakeClock
+from tests.support.servers import ServerUnavailable, ThrowawayRedis
 
 
 @pytest.fixture
@@ -64,3 +66,16 @@ def pg_schema() -> Iterator[Callable[[], str]]:
         with psycopg.connect(PG_DSN, autocommit=True) as conn:
             for name in made:
                 conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def redis() -> Iterator[ThrowawayRedis]:
+    """A ``redis-server`` of the test's own, for tests that stop or restart it: the shared
+    one on 6379 is never touched."""
+    try:
+        server = ThrowawayRedis()
+    except ServerUnavailable as e:
+        pytest.skip(str(e))
+    server.start()
+    yield server
+    server.stop()

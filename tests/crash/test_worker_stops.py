@@ -8,10 +8,8 @@ capability leaked a non-daemon thread. The budget check is the issue's own bound
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -21,6 +19,7 @@ import pytest
 
 import flowx
 from tests.crash.stop_flows import Task, hang, leaky
+from tests.crash.workers import start_worker
 from tests.postgres_support import PG_DSN
 
 pytestmark = pytest.mark.crash
@@ -41,32 +40,14 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path, pg_schema: Callabl
 def _start(db: str, crash_dir: Path, drain: str) -> subprocess.Popen[bytes]:
     """A worker whose lease TTL (30 s) is far longer than any wait here: a lease it did not
     release would still be live when the test looks."""
-    env = {
-        **os.environ,
-        "CRASH_DIR": str(crash_dir),
-        "FLOWX_LEASE_TTL": "30s",
-        "FLOWX_RECOVERY_SCAN_INTERVAL": "200ms",
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "flowx.cli.main",
-            "worker",
-            "--db",
-            db,
-            "--flows",
-            FLOWS,
-            "--log-level",
-            "info",
-            "--shutdown-drain-timeout",
-            drain,
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=(crash_dir / "stderr.log").open("wb"),
+    return start_worker(
+        db,
+        crash_dir,
+        FLOWS,
+        extra_args=("--shutdown-drain-timeout", drain),
+        lease_ttl="30s",
+        log_level="info",
+        stderr=crash_dir / "stderr.log",
     )
 
 

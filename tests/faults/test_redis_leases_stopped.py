@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from pydantic import BaseModel
@@ -28,7 +28,7 @@ from flowx.stores.protocols import InstanceQuery
 from flowx.stores.records import Outcome
 from tests.faults.support import Ledger, WriteTap, on_node, until, writes_past_a_fence
 from tests.postgres_support import PG_DSN
-from tests.support.servers import ServerUnavailable, ThrowawayRedis
+from tests.support.servers import ThrowawayRedis
 
 TTL = 3.0
 RENEW = TTL / 3  # the default renewal interval
@@ -92,17 +92,6 @@ FLOW = (
     .build()
 )
 STEPS = ["faults.redis.one", "faults.redis.two", "faults.redis.three"]
-
-
-@pytest.fixture
-def redis() -> Iterator[ThrowawayRedis]:
-    try:
-        server = ThrowawayRedis()
-    except ServerUnavailable as e:
-        pytest.skip(str(e))
-    server.start()
-    yield server
-    server.stop()
 
 
 def _leases(hosts: list[flowx.FlowHost]) -> list[DurableLease]:

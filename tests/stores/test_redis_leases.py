@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -22,7 +22,7 @@ from flowx.stores.postgres import PostgresStores
 from flowx.stores.records import InstanceState, NewInstance
 from flowx.stores.redis import RedisLeaseStore
 from tests.postgres_support import PG_DSN
-from tests.support.servers import ServerUnavailable, ThrowawayRedis
+from tests.support.servers import ThrowawayRedis
 
 pytestmark = pytest.mark.crash  # restarts a real server
 
@@ -58,17 +58,6 @@ PLAN = (
     .step(step_b, into="b")
     .build()
 )
-
-
-@pytest.fixture
-def redis() -> Iterator[ThrowawayRedis]:
-    try:
-        server = ThrowawayRedis()
-    except ServerUnavailable as e:
-        pytest.skip(str(e))
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture
