@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from flowx import codec
 from flowx.errors import InputInvalid, SerialisationError
 from flowx.hosting.storable import partition_of, tenant_key
 from flowx.plan.model import Plan, SubFlowNode
 from flowx.stores.records import InstanceRecord, InstanceState, NewInstance
+from flowx.validation import problems
 
 #: Instance ids from idempotency keys are derived, so two racing starts contend for one lease.
 INSTANCE_NAMESPACE = uuid.UUID("b3c1f0d2-8a4e-4f6b-9c2d-1e7a5b9f3c40")
@@ -91,3 +93,15 @@ def child_instance(
         parent_step_id=node.step_id,
         codec_version=codec.CODEC_VERSION,
     )
+
+
+def validated_input(plan: Plan, value: Any) -> BaseModel:
+    """``value`` as the flow's input model; ``InputInvalid`` naming each bad field."""
+    if isinstance(value, plan.input_model):
+        return value
+    try:
+        if isinstance(value, str | bytes):
+            return plan.input_model.model_validate_json(value)
+        return plan.input_model.model_validate(value)
+    except ValidationError as exc:
+        raise InputInvalid(plan.flow_id, problems(exc)) from exc

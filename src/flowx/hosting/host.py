@@ -12,29 +12,23 @@ scan, the timer service, the clock watch, the outbox loop) and ``flowx.engine.ad
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
-import time
 import uuid
 from collections.abc import Iterable
-from datetime import datetime
 from types import TracebackType
-from typing import Any, Generic, TypeVar
+from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
-from flowx import codec
 from flowx.capability import CapabilityRegistry, default_registry
 from flowx.clock import Clock, SystemClock
 from flowx.engine import admission
 from flowx.engine.runner import RunResult
 from flowx.errors import (
-    FlowFailed,
     FlowXError,
     IdempotencyConflict,
-    InputInvalid,
     InstanceNotFound,
     SettingsError,
 )
@@ -42,7 +36,8 @@ from flowx.hosting.alerts import AlertSink, LoggingAlertSink
 from flowx.hosting.catalog import PlanCatalog
 from flowx.hosting.clock_offset import JournalClock
 from flowx.hosting.context import NodeContext
-from flowx.hosting.creation import INSTANCE_NAMESPACE, new_instance
+from flowx.hosting.creation import INSTANCE_NAMESPACE, new_instance, validated_input
+from flowx.hosting.handle import FlowHandle
 from flowx.hosting.instance_runner import InstanceRunner
 from flowx.hosting.lease import LeaseKeeper
 from flowx.hosting.recovery import RecoveryScanResult, RecoveryService, ResumeVerdict
@@ -57,67 +52,11 @@ from flowx.outbox import EventPublisher, OutboxPublisher
 from flowx.plan.model import Plan
 from flowx.stores.errors import InstanceFinished, UnknownInstance
 from flowx.stores.protocols import Stores
-from flowx.stores.records import InstanceRecord, InstanceState, SignalReceipt
-from flowx.validation import problems
+from flowx.stores.records import InstanceRecord, SignalReceipt
 
 log = logging.getLogger("flowx.host")
 
 __all__ = ["INSTANCE_NAMESPACE", "FlowHandle", "FlowHost"]
-
-S = TypeVar("S", bound=BaseModel)
-
-
-class FlowHandle(Generic[S]):
-    """A started instance. ``await handle.result()`` waits for it to end."""
-
-    def __init__(self, host: FlowHost, plan: Plan, instance_id: str, *, created: bool) -> None:
-        self._host = host
-        self.plan = plan
-        self.instance_id = instance_id
-        #: False when an idempotency key matched an instance that already existed (R4.1).
-        self.created = created
-        #: An Ephemeral run's result, held by the handle its start returned.
-        self._ephemeral: RunResult | None = None
-
-    def __repr__(self) -> str:
-        return f"FlowHandle({self.plan.ref}, {self.instance_id})"
-
-    async def status(self) -> InstanceRecord:
-        """The instance's row as the journal has it now."""
-        return await self._host.get(self.instance_id)
-
-    async def result(self, *, timeout: float | None = None, poll: float = 0.1) -> Any:
-        """The final state of a Completed instance; raises ``FlowFailed`` for a failed one.
-
-        Waits on this node's own task when it runs the instance here, and otherwise watches
-        the journal, so a handle works whichever node finishes the instance.
-        """
-        return await asyncio.wait_for(self._result(poll), timeout)
-
-    async def _result(self, poll: float) -> Any:
-        runner = self._host._runner
-        ephemeral = self._ephemeral or runner.ephemeral_result(self.instance_id)
-        if ephemeral is not None:
-            return _finish(self.plan, self.instance_id, ephemeral)
-        task = runner.tasks.get(self.instance_id)
-        if task is not None:
-            outcome: RunResult | None = None
-            with contextlib.suppress(Exception):
-                outcome = await asyncio.shield(task)
-            if outcome is not None and outcome.final_state is not None:
-                # This node ran it to the end: its result is what it committed.
-                return _finish(self.plan, self.instance_id, outcome)
-        while True:
-            record = await self._host.get(self.instance_id)
-            if record.state.terminal:
-                if record.state is InstanceState.COMPLETED:
-                    return self.plan.state_model.model_validate_json(record.state_bag)
-                raise FlowFailed(
-                    self.instance_id,
-                    record.state.value,
-                    codec.loads(record.error) if record.error else None,
-                )
-            await asyncio.sleep(poll)
 
 
 class FlowHost:
@@ -147,6 +86,9 @@ class FlowHost:
             # It goes into lease rows and every log line: no forged lines, no driver errors.
             raise SettingsError(f"node_id {shown(node_id)} {name_problem(node_id)}")
         clock = clock or SystemClock()
+        plans = PlanCatalog()
+        for plan in flows:
+            plans.register(plan)
         if publisher is not None and store is None:
             raise FlowXError(
                 "a publisher needs a store whose outbox it drains; pass store=... too",
@@ -159,7 +101,7 @@ class FlowHost:
             clock=clock,
             journal_clock=JournalClock(clock),
             registry=registry or default_registry,
-            plans=PlanCatalog(),
+            plans=plans,
             alerts=alerts if alerts is not None else LoggingAlertSink(),
             outbox=(
                 OutboxPublisher(store.outbox, publisher, batch_size=outbox_batch_size, clock=clock)
@@ -167,41 +109,8 @@ class FlowHost:
                 else None
             ),
         )
-        for plan in flows:
-            self.register(plan)
-        self._runner = runner = InstanceRunner(ctx)
-        runner.recovery = (
-            RecoveryService(
-                index=store.recovery,
-                settings=settings,
-                clock=ctx.journal_clock,
-                in_flight=lambda: len(runner.recovering),
-                resume=runner.resume_candidate,
-                free_flow_slots=lambda: settings.max_concurrent_flows - len(runner.tasks),
-                lease_expiry=self._lease_expiry,
-            )
-            if store is not None
-            else None
-        )
-        runner.timers = (
-            TimerService(
-                waits=store.waits,
-                settings=settings,
-                clock=clock,
-                wake=lambda candidate: runner.resume_candidate(candidate, False),
-                free_flow_slots=lambda: settings.max_concurrent_flows - len(runner.tasks),
-                carried=ctx.plans.refs,
-            )
-            if store is not None
-            else None
-        )
-        self._services = NodeServices(
-            ctx,
-            recovery=runner.recovery,
-            timers=runner.timers,
-            run_recovery=recovery,
-            run_timers=timers,
-        )
+        self._runner = InstanceRunner(ctx)
+        self._services = NodeServices(ctx, self._runner, run_recovery=recovery, run_timers=timers)
 
     # -- what the node is made of (read-only views of its parts) ---------------------------
 
@@ -242,11 +151,11 @@ class FlowHost:
 
     @property
     def recovery(self) -> RecoveryService | None:
-        return self._runner.recovery
+        return self._services.recovery
 
     @property
     def timers(self) -> TimerService | None:
-        return self._runner.timers
+        return self._services.timers
 
     @property
     def _tasks(self) -> dict[str, asyncio.Task[RunResult | None]]:
@@ -335,37 +244,7 @@ class FlowHost:
         sync capability's thread is abandoned and counted stuck — handed back ``Pending`` and
         their leases released, so a peer resumes them at once from their last commit.
         """
-        ctx, services = self._ctx, self._services
-        ctx.accepting = False
-        services.stop.set()
-        await services.stop_connector()
-        budget = ctx.settings.shutdown_drain_timeout.total_seconds() if timeout is None else timeout
-        # One budget for the whole drain, not one per phase: a worker told to stop within
-        # ``shutdown_drain_timeout`` stops within it (issue 12 item 5).
-        ends = time.monotonic() + budget
-
-        def left() -> float:
-            return max(ends - time.monotonic(), 0.0)
-
-        # Whatever a sweep in progress takes over now yields at its first step (not
-        # accepting); the timer service stops before the instances drain too.
-        await services.stop_sweeps(left())
-        await services.stop_timers(left())
-        await self._runner.drain(left, budget)
-        await services.stop_outbox(left())
-        await services.stop_clock_watch()
-        if ctx.keeper is not None:
-            # Every run has released its lease by now (each in its own ``finally``).
-            await ctx.keeper.stop()
-            ctx.keeper = None
-        if ctx.store is not None and ctx.store_ready:
-            await ctx.store.close()
-        ctx.store_ready = False
-        services.connected = asyncio.Event()
-        if ctx.threads is not None:
-            ctx.threads.shutdown(wait=False, cancel_futures=True)
-            ctx.threads = None
-        ctx.opened = False
+        await self._services.drain(self._runner, timeout)
 
     # -- starting --------------------------------------------------------------------------
 
@@ -388,7 +267,7 @@ class FlowHost:
         ctx = self._ctx
         ctx.require_accepting()
         plan = self.plan(flow, version)
-        value = _validate_input(plan, input)
+        value = validated_input(plan, input)
         input_text = start_input(
             plan, value, idempotency_key=idempotency_key, correlation_id=correlation_id
         )
@@ -440,10 +319,6 @@ class FlowHost:
         self._ctx.require_stores()  # no journal, or not reachable yet: a clear error, not a scan
         assert self.recovery is not None  # built whenever there is a store
         return await self.recovery.run_once()
-
-    async def _lease_expiry(self, instance_id: str) -> datetime | None:
-        lease = await self._ctx.require_stores().leases.current(instance_id)
-        return None if lease is None else lease.expires_at
 
     # -- signals and replay ----------------------------------------------------------------
 
@@ -575,23 +450,3 @@ class FlowHost:
                 await asyncio.gather(*list(tasks.values()), return_exceptions=True)
 
         await asyncio.wait_for(idle(), timeout)
-
-
-def _validate_input(plan: Plan, value: Any) -> BaseModel:
-    """``value`` as the flow's input model; ``InputInvalid`` naming each bad field."""
-    if isinstance(value, plan.input_model):
-        return value
-    try:
-        if isinstance(value, str | bytes):
-            return plan.input_model.model_validate_json(value)
-        return plan.input_model.model_validate(value)
-    except ValidationError as exc:
-        raise InputInvalid(plan.flow_id, problems(exc)) from exc
-
-
-def _finish(plan: Plan, instance_id: str, result: RunResult) -> Any:
-    """A run's result as ``FlowHandle.result`` gives it: the final state, or ``FlowFailed``."""
-    if result.outcome == "completed":
-        return plan.state_model.model_validate_json(result.state_bag)
-    state = result.final_state
-    raise FlowFailed(instance_id, state.value if state else result.outcome, result.error)

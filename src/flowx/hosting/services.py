@@ -10,12 +10,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+from datetime import datetime
 
 from flowx.errors import FlowXError
 from flowx.hosting.clock_offset import ClockWatch
 from flowx.hosting.clock_offset import check as check_clock_offsets
 from flowx.hosting.clock_offset import measure as measure_clock_offsets
 from flowx.hosting.context import NodeContext
+from flowx.hosting.instance_runner import InstanceRunner
 from flowx.hosting.recovery import RecoveryService
 from flowx.hosting.timers import TimerService
 from flowx.stores.errors import JournalUnavailable, LeaseUnavailable
@@ -30,17 +33,38 @@ class NodeServices:
     """The loops of one node, and the event that tells them to stop."""
 
     def __init__(
-        self,
-        ctx: NodeContext,
-        *,
-        recovery: RecoveryService | None,
-        timers: TimerService | None,
-        run_recovery: bool,
-        run_timers: bool,
+        self, ctx: NodeContext, runner: InstanceRunner, *, run_recovery: bool, run_timers: bool
     ) -> None:
         self._ctx = ctx
-        self.recovery = recovery
-        self.timers = timers
+        settings, store = ctx.settings, ctx.store
+        # Recovery and timers resume through the runner, like every other way an instance
+        # comes to run; both are bounded by the node's free flow slots.
+        self.recovery = (
+            RecoveryService(
+                index=store.recovery,
+                settings=settings,
+                clock=ctx.journal_clock,
+                in_flight=lambda: len(runner.recovering),
+                resume=runner.resume_candidate,
+                free_flow_slots=lambda: settings.max_concurrent_flows - len(runner.tasks),
+                lease_expiry=self._lease_expiry,
+            )
+            if store is not None
+            else None
+        )
+        self.timers = (
+            TimerService(
+                waits=store.waits,
+                settings=settings,
+                clock=ctx.clock,
+                wake=lambda candidate: runner.resume_candidate(candidate, False),
+                free_flow_slots=lambda: settings.max_concurrent_flows - len(runner.tasks),
+                carried=ctx.plans.refs,
+            )
+            if store is not None
+            else None
+        )
+        runner.recovery, runner.timers = self.recovery, self.timers
         self._run_recovery = run_recovery
         self._run_timers = run_timers
         self.stop = asyncio.Event()
@@ -51,6 +75,10 @@ class NodeServices:
         self._connector: asyncio.Task[None] | None = None
         self._outbox_task: asyncio.Task[None] | None = None
         self._outbox_stop = asyncio.Event()
+
+    async def _lease_expiry(self, instance_id: str) -> datetime | None:
+        lease = await self._ctx.require_stores().leases.current(instance_id)
+        return None if lease is None else lease.expires_at
 
     def reset(self) -> None:
         """Fresh events for a node (re)opening."""
@@ -160,6 +188,41 @@ class NodeServices:
             return
 
     # -- stopping, in the drain's order ----------------------------------------------------
+
+    async def drain(self, runner: InstanceRunner, timeout: float | None) -> None:
+        """``FlowHost.drain``: stop the loops and the runs within one budget, in order, then
+        release what the node holds (leases, the store, the threads)."""
+        ctx = self._ctx
+        ctx.accepting = False
+        self.stop.set()
+        await self.stop_connector()
+        budget = ctx.settings.shutdown_drain_timeout.total_seconds() if timeout is None else timeout
+        # One budget for the whole drain, not one per phase: a worker told to stop within
+        # ``shutdown_drain_timeout`` stops within it (issue 12 item 5).
+        ends = time.monotonic() + budget
+
+        def left() -> float:
+            return max(ends - time.monotonic(), 0.0)
+
+        # Whatever a sweep in progress takes over now yields at its first step (not
+        # accepting); the timer service stops before the instances drain too.
+        await self.stop_sweeps(left())
+        await self.stop_timers(left())
+        await runner.drain(left, budget)
+        await self.stop_outbox(left())
+        await self.stop_clock_watch()
+        if ctx.keeper is not None:
+            # Every run has released its lease by now (each in its own ``finally``).
+            await ctx.keeper.stop()
+            ctx.keeper = None
+        if ctx.store is not None and ctx.store_ready:
+            await ctx.store.close()
+        ctx.store_ready = False
+        self.connected = asyncio.Event()
+        if ctx.threads is not None:
+            ctx.threads.shutdown(wait=False, cancel_futures=True)
+            ctx.threads = None
+        ctx.opened = False
 
     async def stop_connector(self) -> None:
         if self._connector is not None:
