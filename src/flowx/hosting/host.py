@@ -116,18 +116,22 @@ class FlowHost:
 
     @property
     def store(self) -> Stores | None:
+        """The journal, leases and waits this node runs Durable flows on (``None``: none)."""
         return self._ctx.store
 
     @property
     def settings(self) -> HostSettings:
+        """Every tunable of this node, validated when it was built (R3.6)."""
         return self._ctx.settings
 
     @property
     def node_id(self) -> str:
+        """This node's name in lease rows and log lines."""
         return self._ctx.node_id
 
     @property
     def clock(self) -> Clock:
+        """The clock runs and sweeps read (a test clock in tests)."""
         return self._ctx.clock
 
     @property
@@ -137,6 +141,7 @@ class FlowHost:
 
     @property
     def registry(self) -> CapabilityRegistry:
+        """Where plans' capabilities are looked up by id and version."""
         return self._ctx.registry
 
     @property
@@ -151,22 +156,27 @@ class FlowHost:
 
     @property
     def recovery(self) -> RecoveryService | None:
+        """The recovery scan (R3.4), built whenever there is a store."""
         return self._services.recovery
 
     @property
     def timers(self) -> TimerService | None:
+        """The timer service that wakes due waits, built whenever there is a store."""
         return self._services.timers
 
     @property
     def _tasks(self) -> dict[str, asyncio.Task[RunResult | None]]:
+        # Tests watch what runs here; the runner owns it.
         return self._runner.tasks
 
     @property
     def _threads(self) -> CapabilityThreads | None:
+        # Tests inspect the pool; the context owns it.
         return self._ctx.threads
 
     @property
     def _keeper(self) -> LeaseKeeper | None:
+        # Tests inspect the keeper; the context owns it.
         return self._ctx.keeper
 
     # -- registration ----------------------------------------------------------------------
