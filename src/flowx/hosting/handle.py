@@ -72,7 +72,9 @@ class FlowHandle(Generic[S]):
 
     async def _result(self, poll: float) -> Any:
         runner = self._host._runner
-        ephemeral = self._ephemeral or runner.ephemeral_result(self.instance_id)
+        ephemeral = self._ephemeral
+        if ephemeral is None:
+            ephemeral = runner.ephemeral_result(self.instance_id)
         if ephemeral is not None:
             return _finish(self.plan, self.instance_id, ephemeral)
         task = runner.tasks.get(self.instance_id)
