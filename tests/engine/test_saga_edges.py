@@ -17,6 +17,7 @@ from flowx.engine.runner import child_instance_id
 from flowx.stores.errors import LeaseLost
 from flowx.stores.records import InstanceState, Outcome, StepRecord
 from flowx.testing import FakeClock
+from tests.support.polling import until
 
 calls: Counter[str] = Counter()
 broken: set[str] = set()
@@ -408,8 +409,9 @@ async def test_a_child_that_times_out_with_its_parent_leaves_the_parent_timed_ou
         sealed = all(r is not None and r.state is InstanceState.SUSPENDED for r in records)
         return sealed and not host._tasks
 
-    while not await both_suspended():
-        await asyncio.sleep(0.01)
+    await until(
+        both_suspended, within=5, what="the parent and its child both suspended", every=0.01
+    )
     clock.advance(hours=2)
     await host.timers.run_once()
     with pytest.raises(flowx.FlowFailed) as failed:

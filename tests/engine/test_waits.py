@@ -18,6 +18,7 @@ import flowx
 from flowx.stores.errors import InstanceFinished
 from flowx.stores.records import InstanceState, Outcome, StepRecord
 from flowx.testing import FakeClock
+from tests.support.polling import until
 
 calls: Counter[str] = Counter()
 gates: dict[str, asyncio.Event] = {}
@@ -88,14 +89,14 @@ async def rows_of(host: flowx.FlowHost, iid: str) -> list[StepRecord]:
 async def until_state(
     host: flowx.FlowHost, iid: str, state: InstanceState, timeout: float = 5.0
 ) -> flowx.stores.records.InstanceRecord:  # type: ignore[name-defined]
-    async def poll() -> Any:
-        while True:
-            record = await host.get(iid)
-            if record.state is state and iid not in host._tasks:
-                return record
-            await asyncio.sleep(0.01)
+    seen: list[Any] = []
 
-    return await asyncio.wait_for(poll(), timeout)
+    async def settled() -> bool:
+        seen.append(await host.get(iid))
+        return seen[-1].state is state and iid not in host._tasks
+
+    await until(settled, within=timeout, what=f"{iid} {state.value} and idle", every=0.01)
+    return seen[-1]
 
 
 # -- signals ---------------------------------------------------------------------------------
