@@ -10,6 +10,7 @@ apart. The limits are the project's (STYLE): 600 lines a module, 8 parameters a 
 from __future__ import annotations
 
 import ast
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -156,3 +157,18 @@ def test_tests_never_import_the_benchmarks() -> None:
         if name == "benchmarks" or name.startswith("benchmarks.")
     }
     assert not leaning, f"tests that import benchmarks: {leaning}"
+
+
+def test_the_testing_contract_names_every_part_of_the_library() -> None:
+    """``pyproject.toml`` lists, by name, the modules that must never import ``flowx.testing``
+    (import-linter cannot say "all but one"): a new top-level module must join that list."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    contracts = config["tool"]["importlinter"]["contracts"]
+    (contract,) = [c for c in contracts if c["forbidden_modules"] == ["flowx.testing"]]
+    top_level = {
+        f"flowx.{path.stem if path.is_file() else path.name}"
+        for path in SRC.iterdir()
+        if (path.suffix == ".py" and path.stem != "__init__") or (path / "__init__.py").exists()
+    }
+    missing = top_level - {"flowx.testing"} - set(contract["source_modules"])
+    assert not missing, f"add to the flowx.testing contract in pyproject.toml: {sorted(missing)}"
