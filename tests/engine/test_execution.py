@@ -13,6 +13,7 @@ from pydantic import BaseModel
 import flowx
 from flowx import codec
 from flowx.engine import Execution
+from flowx.stores.errors import FencedOut
 from flowx.stores.records import InstanceState, Outcome, StepRecord
 
 calls: Counter[str] = Counter()
@@ -463,7 +464,7 @@ async def test_a_fenced_out_commit_aborts_without_compensating(clock: Any) -> No
         async def __call__(self, **kw: Any) -> None:
             self.n += 1
             if self.n == 2:  # the capture failure's commit is refused
-                raise flowx.FencedOut("x", 1, 2)
+                raise FencedOut("x", 1, 2)
 
     result = await Execution(
         plan=order_flow(),

@@ -18,6 +18,7 @@ import pytest
 import flowx
 import flowx.hosting.lease
 from flowx.hosting.lease import DurableLease
+from flowx.stores.errors import LeaseLost
 from flowx.stores.memory import MemoryStores
 from flowx.testing import FakeClock
 
@@ -38,6 +39,7 @@ async def clock(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[FakeClock]:
 
 async def pass_time(clock: FakeClock, seconds: float) -> None:
     """Move test time on in small steps, letting the keeper run its due rounds at each."""
+
     async def settle() -> None:
         for _ in range(10):  # a renewal round is a few awaits on the memory store
             await asyncio.sleep(0)
@@ -77,7 +79,7 @@ async def test_a_refused_renewal_makes_the_token_unreachable(clock: FakeClock) -
     assert taken is not None
     await pass_time(clock, TTL.total_seconds() / 3 + 0.2)
     assert not held.live
-    with pytest.raises(flowx.LeaseLost):
+    with pytest.raises(LeaseLost):
         _ = held.token
     await held.release()  # releasing a lost lease is inert and never ends the new owner's
     assert (await stores.leases.current("b")).token == taken.token
@@ -116,6 +118,6 @@ async def test_a_lease_that_cannot_be_renewed_is_lost_before_it_could_expire(
     await pass_time(clock, TTL.total_seconds())
     # Fail closed: with no renewal confirmed, the token is gone before the store's expiry
     # could hand the instance to anyone else (a third of the TTL is left for clock skew).
-    with pytest.raises(flowx.LeaseLost):
+    with pytest.raises(LeaseLost):
         _ = held.token
     await held.release()
