@@ -3,7 +3,6 @@ replay that re-runs it once the fault is fixed (SPEC §8, "Flow constructs")."""
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any
 
 import pytest
@@ -11,21 +10,11 @@ from pydantic import BaseModel
 
 import flowx
 from flowx.hosting.alerts import RecordingAlertSink
-from flowx.stores.records import InstanceState, Outcome, StepRecord
+from flowx.stores.records import InstanceState, Outcome
+from tests.engine.kit import Ledger, Order, reservation, rows_of
 
-calls: Counter[str] = Counter()
-broken: set[str] = set()
-
-
-@pytest.fixture(autouse=True)
-def _reset() -> None:
-    calls.clear()
-    broken.clear()
-
-
-class Order(BaseModel):
-    order_id: str
-    tenant: str = "acme"
+ledger = Ledger("saga")
+calls, broken = ledger.calls, ledger.broken
 
 
 class OrderState(BaseModel):
@@ -33,38 +22,13 @@ class OrderState(BaseModel):
     receipt: str | None = None
 
 
-@flowx.capability("saga.reserve", version="1.0.0")
-async def reserve(ctx: flowx.StepContext, order: Order) -> str:
-    calls["reserve"] += 1
-    return f"R-{order.order_id}"
-
-
-@flowx.capability("saga.release", version="1.0.0")
-async def release(ctx: flowx.StepContext, order: Order) -> None:
-    calls["release"] += 1
-    if "release" in broken:
-        raise RuntimeError("inventory service refused the release")
-
-
-@flowx.capability("saga.capture", version="1.0.0")
-async def capture(ctx: flowx.StepContext, order: Order) -> str:
-    calls["capture"] += 1
-    if "capture" in broken:
-        raise RuntimeError("card declined by the gateway")
-    return "P-1"
-
-
-@flowx.capability("saga.refund", version="1.0.0")
-async def refund(ctx: flowx.StepContext, order: Order) -> None:
-    calls["refund"] += 1
-
-
-@flowx.capability("saga.notify", version="1.0.0")
-async def notify(ctx: flowx.StepContext, order: Order) -> str:
-    calls["notify"] += 1
-    if "notify" in broken:
-        raise RuntimeError("mail relay down")
-    return "sent"
+reserve = ledger.capability("reserve", returns=reservation())
+release = ledger.undo("release", fails_with="inventory service refused the release")
+capture = ledger.capability(
+    "capture", returns=lambda _: "P-1", fails_with="card declined by the gateway"
+)
+refund = ledger.undo("refund")
+notify = ledger.capability("notify", returns=lambda _: "sent", fails_with="mail relay down")
 
 
 COMP = flowx.Retry(attempts=3, backoff="fixed", initial="1s")
@@ -83,11 +47,6 @@ def saga() -> flowx.Plan:
         .step(capture, into="receipt", compensate=refund, retry=flowx.Retry(attempts=2))
         .build()
     )
-
-
-async def rows_of(host: flowx.FlowHost, iid: str) -> list[StepRecord]:
-    assert host.store is not None
-    return list(await host.store.journal.steps(iid))
 
 
 async def failed_saga(host_factory: Any) -> tuple[flowx.FlowHost, str, RecordingAlertSink]:
