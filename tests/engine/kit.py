@@ -84,7 +84,7 @@ class Ledger:
         with ``non_retryable``) and otherwise returns ``returns(argument)`` (``"{name}-done"``
         by default)."""
         result = returns or _done(name)
-        message = fails_with or f"{name} is down"
+        message = fails_with or (f"{name} refused" if non_retryable else f"{name} is down")
 
         async def run(ctx: flowx.StepContext, argument: Any) -> Any:
             self.calls[name] += 1

@@ -5,7 +5,6 @@ that a version nobody carries must not fill (R7.3)."""
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
 from typing import Any
 
 import pytest
@@ -15,22 +14,17 @@ import flowx
 from flowx.engine import Execution
 from flowx.engine.runner import child_instance_id
 from flowx.stores.errors import LeaseLost
-from flowx.stores.records import InstanceState, Outcome, StepRecord
+from flowx.stores.records import InstanceState, Outcome
 from flowx.testing import FakeClock
+from tests.engine import kit
+from tests.engine.kit import Ledger, rows_of, until_state
 from tests.support.polling import until
 
-calls: Counter[str] = Counter()
-broken: set[str] = set()
+ledger = Ledger("edge")
+calls, broken = ledger.calls, ledger.broken
 
 
-@pytest.fixture(autouse=True)
-def _reset() -> None:
-    calls.clear()
-    broken.clear()
-
-
-class Order(BaseModel):
-    order_id: str
+class Order(kit.Order):
     box: dict[str, int] = {}
 
 
@@ -46,39 +40,19 @@ class OrderState(BaseModel):
     s2: str | None = None
 
 
-def _cap(name: str, *, delay: float = 0.0, non_retryable: bool = False) -> flowx.Capability:
-    async def run(ctx: flowx.StepContext, order: Any) -> str:
-        calls[name] += 1
-        if delay:
-            await asyncio.sleep(delay)
-        if name in broken:
-            if non_retryable:
-                raise flowx.NonRetryableError(f"{name} refused")
-            raise RuntimeError(f"{name} is down")
-        return f"{name}-done"
-
-    run.__name__ = name
-    return flowx.capability(f"edge.{name}", version="1.0.0")(run)
-
-
-reserve = _cap("reserve")
-release = _cap("release")
-s1 = _cap("s1", delay=0.05)
-u1 = _cap("u1")
-s2 = _cap("s2")
-fail_now = _cap("f", non_retryable=True)
-flaky = _cap("flaky", delay=0.02)
-slow_fail = _cap("slow_fail", delay=0.07, non_retryable=True)
-ship = _cap("ship")
-unship = _cap("unship")
-charge = _cap("charge", non_retryable=True)
+reserve = ledger.capability("reserve")
+release = ledger.capability("release")
+s1 = ledger.capability("s1", delay=0.05)
+u1 = ledger.capability("u1")
+s2 = ledger.capability("s2")
+fail_now = ledger.capability("f", non_retryable=True)
+flaky = ledger.capability("flaky", delay=0.02)
+slow_fail = ledger.capability("slow_fail", delay=0.07, non_retryable=True)
+ship = ledger.capability("ship")
+unship = ledger.capability("unship")
+charge = ledger.capability("charge", non_retryable=True)
 
 ONCE = flowx.Retry(attempts=1, backoff="none")
-
-
-async def rows_of(host: flowx.FlowHost, iid: str) -> list[StepRecord]:
-    assert host.store is not None
-    return list(await host.store.journal.steps(iid))
 
 
 async def test_a_replayed_fork_runs_nothing_forward_once_compensation_has_begun(
@@ -271,18 +245,20 @@ async def test_a_selector_that_raises_fails_the_flow_instead_of_leaving_it_runni
     assert calls["release"] == 3
 
 
+def sleeper(flow_id: str, version: str) -> flowx.Plan:
+    """A flow that naps a minute, then ships: due on the timer page after ``advance``."""
+    return (
+        flowx.flow(flow_id, version=version, input=Order, state=OrderState)
+        .sleep("1m", name="nap")
+        .step(ship, into="s1")
+        .build()
+    )
+
+
 async def test_due_instances_of_a_version_nobody_here_carries_do_not_starve_the_rest(
     host_factory: Any, clock: FakeClock
 ) -> None:
-    def sleeper(version: str) -> flowx.Plan:
-        return (
-            flowx.flow("edge.nap", version=version, input=Order, state=OrderState)
-            .sleep("1m", name="nap")
-            .step(ship, into="s1")
-            .build()
-        )
-
-    old, new = sleeper("1"), sleeper("2")
+    old, new = sleeper("edge.nap", "1"), sleeper("edge.nap", "2")
     both = await host_factory(old, new)
     for n in range(3):
         await both.start(old, Order(order_id=f"old-{n}"))
@@ -303,15 +279,7 @@ async def test_due_instances_of_a_version_nobody_here_carries_do_not_starve_the_
 async def test_a_timer_loop_facing_only_other_versions_due_rows_does_not_spin(
     host_factory: Any, clock: FakeClock
 ) -> None:
-    def sleeper(version: str) -> flowx.Plan:
-        return (
-            flowx.flow("edge.nap2", version=version, input=Order, state=OrderState)
-            .sleep("1m", name="nap")
-            .step(ship, into="s1")
-            .build()
-        )
-
-    old, new = sleeper("1"), sleeper("2")
+    old, new = sleeper("edge.nap2", "1"), sleeper("edge.nap2", "2")
     first = await host_factory(old, new)
     await first.start(old, Order(order_id="old"))
     await first.wait_idle(timeout=5)
@@ -336,14 +304,7 @@ async def test_a_timer_loop_facing_only_other_versions_due_rows_does_not_spin(
     assert 1 <= sweeps <= 3  # one sweep, then the poll interval (1 s): not a hot loop
 
 
-GATE: dict[str, asyncio.Event] = {}
-
-
-@flowx.capability("edge.slow_ship", version="1.0.0")
-async def slow_ship(ctx: flowx.StepContext, order: Order) -> str:
-    calls["slow_ship"] += 1
-    await GATE["ship"].wait()
-    return "shipped"
+slow_ship = ledger.capability("slow_ship", returns=lambda _: "shipped")
 
 
 async def test_a_child_that_completes_after_its_parents_deadline_is_undone(
@@ -361,20 +322,17 @@ async def test_a_child_that_completes_after_its_parents_deadline_is_undone(
         .step(s2, into="s2")
         .build()
     )
-    GATE["ship"] = asyncio.Event()
+    ledger.gates["slow_ship"] = asyncio.Event()
     host = await host_factory(parent)
     handle = await host.start(parent, Order(order_id="late"))
     # Sealed, and the run that sealed it gone (its lease released): then a sweep can take it.
-    while (
-        await host.get(handle.instance_id)
-    ).state is not InstanceState.SUSPENDED or handle.instance_id in host._tasks:
-        await asyncio.sleep(0.01)
+    await until_state(host, handle.instance_id, InstanceState.SUSPENDED)
     clock.advance(hours=2)  # the child's step is still running past the shared deadline
     assert (await host.timers.run_once()).woken == 1
     await asyncio.sleep(0.05)
     # Woken at its deadline, the parent waits on for the child instead of ending first.
     assert (await host.get(handle.instance_id)).state is InstanceState.SUSPENDED
-    GATE["ship"].set()
+    ledger.gates["slow_ship"].set()
     with pytest.raises(flowx.FlowFailed) as failed:
         await handle.result(timeout=5)
     assert failed.value.state == "TimedOut"
