@@ -7,7 +7,6 @@ clock, so every wake-up here happens because a test moved time, never because a 
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
 from datetime import timedelta
 from typing import Any
 
@@ -16,23 +15,13 @@ from pydantic import BaseModel
 
 import flowx
 from flowx.stores.errors import InstanceFinished
-from flowx.stores.records import InstanceState, Outcome, StepRecord
+from flowx.stores.records import InstanceState, Outcome
 from flowx.testing import FakeClock
+from tests.engine.kit import Ledger, Order, reservation, rows_of, until_state
 from tests.support.polling import until
 
-calls: Counter[str] = Counter()
-gates: dict[str, asyncio.Event] = {}
-
-
-@pytest.fixture(autouse=True)
-def _reset() -> None:
-    calls.clear()
-    gates.clear()
-
-
-class Order(BaseModel):
-    order_id: str
-    tenant: str = "acme"
+ledger = Ledger("wait")
+calls, gates = ledger.calls, ledger.gates
 
 
 class Shipment(BaseModel):
@@ -46,24 +35,9 @@ class OrderState(BaseModel):
     note: str | None = None
 
 
-@flowx.capability("wait.reserve", version="1.0.0")
-async def reserve(ctx: flowx.StepContext, order: Order) -> str:
-    calls["reserve"] += 1
-    gate = gates.get("reserve")
-    if gate is not None:
-        await gate.wait()
-    return f"R-{order.order_id}"
-
-
-@flowx.capability("wait.release", version="1.0.0")
-async def release(ctx: flowx.StepContext, order: Order) -> None:
-    calls["release"] += 1
-
-
-@flowx.capability("wait.chase", version="1.0.0")
-async def chase(ctx: flowx.StepContext, order: Order) -> str:
-    calls["chase"] += 1
-    return "chased the carrier"
+reserve = ledger.capability("reserve", returns=reservation())
+release = ledger.undo("release")
+chase = ledger.capability("chase", returns=lambda _: "chased the carrier")
 
 
 @flowx.capability("wait.flaky", version="1.0.0")
@@ -79,24 +53,6 @@ def shipping_flow(**kw: Any) -> flowx.Plan:
         .await_signal("shipped", Shipment, into="shipment", timeout="2d")
         .build()
     )
-
-
-async def rows_of(host: flowx.FlowHost, iid: str) -> list[StepRecord]:
-    assert host.store is not None
-    return list(await host.store.journal.steps(iid))
-
-
-async def until_state(
-    host: flowx.FlowHost, iid: str, state: InstanceState, timeout: float = 5.0
-) -> flowx.stores.records.InstanceRecord:  # type: ignore[name-defined]
-    seen: list[Any] = []
-
-    async def settled() -> bool:
-        seen.append(await host.get(iid))
-        return seen[-1].state is state and iid not in host._tasks
-
-    await until(settled, within=timeout, what=f"{iid} {state.value} and idle", every=0.01)
-    return seen[-1]
 
 
 # -- signals ---------------------------------------------------------------------------------
@@ -410,8 +366,7 @@ async def test_a_keyless_redelivery_to_a_wait_already_passed_is_inert_and_says_s
     await until_state(host, handle.instance_id, InstanceState.SUSPENDED)
     payload = {"carrier": "dhl", "tracking": "T8"}
     assert (await host.signal(handle.instance_id, "shipped", payload)).status == "woken"
-    while calls["reserve"] == 0:
-        await asyncio.sleep(0.01)
+    await until(lambda: calls["reserve"], within=5, what="reserve started", every=0.01)
     again = await host.signal(handle.instance_id, "shipped", payload)
     assert again.status == "duplicate" and again.state is InstanceState.RUNNING
     assert len(await host.store.waits.signals(handle.instance_id, "shipped")) == 1
@@ -436,8 +391,7 @@ async def test_a_signal_after_its_wait_timed_out_is_late_and_kept_nowhere(
     await until_state(host, handle.instance_id, InstanceState.SUSPENDED)
     clock.advance(hours=2)
     assert (await host.timers.run_once()).woken == 1
-    while calls["reserve"] == 0:
-        await asyncio.sleep(0.01)
+    await until(lambda: calls["reserve"], within=5, what="reserve started", every=0.01)
     late = await host.signal(handle.instance_id, "shipped", {"carrier": "a", "tracking": "b"})
     assert late.status == "late"
     assert list(await host.store.waits.signals(handle.instance_id, "shipped")) == []
@@ -497,8 +451,7 @@ async def test_a_flow_that_waits_twice_keeps_two_signals_and_no_third(
     host = await host_factory(plan)
     gates["reserve"] = asyncio.Event()
     handle = await host.start(plan, Order(order_id="twice"))
-    while calls["reserve"] == 0:
-        await asyncio.sleep(0.01)
+    await until(lambda: calls["reserve"], within=5, what="reserve started", every=0.01)
     assert await _race(host, handle.instance_id, 3) == ["duplicate", "kept", "kept"]
     gates["reserve"].set()
     state = await handle.result(timeout=5)
