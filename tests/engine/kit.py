@@ -133,15 +133,20 @@ async def failure_of(handle: flowx.FlowHandle[Any], timeout: float = 5) -> flowx
 
 
 async def until_state(
-    host: flowx.FlowHost, iid: str, state: InstanceState, timeout: float = 5.0
+    host: flowx.FlowHost,
+    iid: str,
+    state: InstanceState,
+    timeout: float = 5.0,
+    *,
+    idle: bool = True,
 ) -> InstanceRecord:
-    """Wait until ``iid`` is in ``state`` with no run of it under way on ``host``; its
-    record then."""
+    """Wait until ``iid`` is in ``state`` and (``idle``) no run of it is under way on
+    ``host``; its record then."""
     seen: list[InstanceRecord] = []
 
     async def settled() -> bool:
         seen.append(await host.get(iid))
-        return seen[-1].state is state and iid not in host._tasks
+        return seen[-1].state is state and not (idle and iid in host._tasks)
 
     await until(settled, within=timeout, what=f"{iid} {state.value} and idle", every=0.01)
     return seen[-1]
