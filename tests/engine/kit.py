@@ -6,7 +6,9 @@
   fail, gates a test opens, the scopes they ran in) and a factory of capabilities that count
   themselves, can be broken by name, wait on a gate, and return what the test wants. One
   ledger per test module (capability ids are process-wide); every ledger is emptied before
-  each test by ``tests/engine/conftest.py``.
+  each test by the autouse fixture ``fresh_ledgers``, which each module imports as ``_reset``
+  (so ``tests/hosting/test_constructs_on_stores.py``, which re-runs these modules on real
+  stores, brings it along with them).
 - ``rows_of``, ``failure_of``, ``until_state``: reading an instance's journal rows, the
   ``FlowFailed`` a handle ends with, and waiting (bounded) for an instance to settle.
 
@@ -21,7 +23,7 @@ import asyncio
 import functools
 from collections import Counter
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import pytest
 from pydantic import BaseModel
@@ -37,6 +39,20 @@ class Order(BaseModel):
 
     order_id: str
     tenant: str = "acme"
+
+
+class _Clearable(Protocol):
+    def clear(self) -> None: ...
+
+
+C = TypeVar("C", bound=_Clearable)
+
+
+@pytest.fixture(autouse=True)
+def fresh_ledgers() -> None:
+    """Every ledger empty before each test: no count or switch leaks from the one before."""
+    for ledger in Ledger.made:
+        ledger.reset()
 
 
 def _done(name: str) -> Callable[[Any], str]:
@@ -59,13 +75,21 @@ class Ledger:
         self.gates: dict[str, asyncio.Event] = {}
         #: ``(name, ctx.scope)`` of the capabilities made with ``scoped=True``, in call order.
         self.seen: list[tuple[str, str]] = []
+        self._also: list[_Clearable] = []
         Ledger.made.append(self)
+
+    def also_clears(self, container: C) -> C:
+        """Empty ``container`` (a module's own switches or records) with the ledger."""
+        self._also.append(container)
+        return container
 
     def reset(self) -> None:
         self.calls.clear()
         self.broken.clear()
         self.gates.clear()
         self.seen.clear()
+        for container in self._also:
+            container.clear()
 
     def capability(
         self,

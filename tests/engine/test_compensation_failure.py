@@ -12,6 +12,7 @@ import flowx
 from flowx.hosting.alerts import RecordingAlertSink
 from flowx.stores.records import InstanceState, Outcome
 from tests.engine.kit import Ledger, Order, reservation, rows_of
+from tests.engine.kit import fresh_ledgers as _reset  # noqa: F401 - autouse
 
 ledger = Ledger("saga")
 calls, broken = ledger.calls, ledger.broken

@@ -18,6 +18,7 @@ from flowx.stores.records import InstanceState, Outcome
 from flowx.testing import FakeClock
 from tests.engine import kit
 from tests.engine.kit import Ledger, rows_of, until_state
+from tests.engine.kit import fresh_ledgers as _reset  # noqa: F401 - autouse
 from tests.support.polling import until
 
 ledger = Ledger("edge")

@@ -14,6 +14,7 @@ from flowx.stores.protocols import InstanceQuery
 from flowx.stores.records import InstanceState, Outcome
 from tests.engine import kit
 from tests.engine.kit import Ledger, reservation, rows_of, until_state
+from tests.engine.kit import fresh_ledgers as _reset  # noqa: F401 - autouse
 
 ledger = Ledger("sf")
 calls, gates, broken, seen = ledger.calls, ledger.gates, ledger.broken, ledger.seen

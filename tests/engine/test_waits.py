@@ -18,6 +18,7 @@ from flowx.stores.errors import InstanceFinished
 from flowx.stores.records import InstanceState, Outcome
 from flowx.testing import FakeClock
 from tests.engine.kit import Ledger, Order, reservation, rows_of, until_state
+from tests.engine.kit import fresh_ledgers as _reset  # noqa: F401 - autouse
 from tests.support.polling import until
 
 ledger = Ledger("wait")
