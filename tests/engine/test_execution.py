@@ -15,22 +15,21 @@ from flowx import codec
 from flowx.engine import Execution
 from flowx.stores.errors import FencedOut
 from flowx.stores.records import InstanceState, Outcome, StepRecord
+from tests.engine import kit
+from tests.engine.kit import Ledger
+from tests.engine.kit import fresh_ledgers as _reset  # noqa: F401 - autouse
+from tests.engine.kit import rows_of as steps_of
 
-calls: Counter[str] = Counter()
-behaviour: dict[str, Any] = {}
+ledger = Ledger("ex")
+calls = ledger.calls
+#: Per capability name: fail the first N calls (an int) or every call ("always"); and what the
+#: capabilities recorded (``released``, ``capture_keys``, ``order``, ``uuids``).
+behaviour: dict[str, Any] = ledger.also_clears({})
 
 
-@pytest.fixture(autouse=True)
-def _reset() -> None:
-    calls.clear()
-    behaviour.clear()
-
-
-class Order(BaseModel):
-    order_id: str
+class Order(kit.Order):
     amount: int = 10
     lines: list[int] = [1, 2, 3]
-    tenant: str = "acme"
 
 
 class OrderState(BaseModel):
@@ -121,11 +120,6 @@ def order_flow(**kw: Any) -> flowx.Plan:
         .emit(OrderPlaced, lambda o, s: OrderPlaced(order_id=o.order_id, card="4242"))
         .build()
     )
-
-
-async def steps_of(host: flowx.FlowHost, iid: str) -> list[StepRecord]:
-    assert host.store is not None
-    return list(await host.store.journal.steps(iid))
 
 
 async def test_a_durable_flow_commits_each_step_and_completes(host_factory: Any) -> None:
