@@ -149,8 +149,9 @@ async def rows_of(host: flowx.FlowHost, iid: str) -> list[StepRecord]:
     return list(await host.store.journal.steps(iid))
 
 
-async def failure_of(handle: flowx.FlowHandle[Any], timeout: float = 5) -> flowx.FlowFailed:
-    """The ``FlowFailed`` the instance ends with (failing the test if it completes)."""
+async def failure_of(handle: flowx.FlowHandle[Any], timeout: float = 30) -> flowx.FlowFailed:
+    """The ``FlowFailed`` the instance ends with, within ``timeout`` seconds (failing the test
+    if it completes instead)."""
     with pytest.raises(flowx.FlowFailed) as failed:
         await handle.result(timeout=timeout)
     return failed.value

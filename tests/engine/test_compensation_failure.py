@@ -11,7 +11,7 @@ from pydantic import BaseModel
 import flowx
 from flowx.hosting.alerts import RecordingAlertSink
 from flowx.stores.records import InstanceState, Outcome
-from tests.engine.kit import Ledger, Order, reservation, rows_of
+from tests.engine.kit import Ledger, Order, failure_of, reservation, rows_of
 from tests.engine.kit import fresh_ledgers as _reset  # noqa: F401 - autouse
 
 ledger = Ledger("saga")
@@ -56,9 +56,8 @@ async def failed_saga(host_factory: Any) -> tuple[flowx.FlowHost, str, Recording
     host = await host_factory(plan, alerts=sink)
     broken.update({"capture", "release"})
     handle = await host.start(plan, Order(order_id="c1"))
-    with pytest.raises(flowx.FlowFailed) as failed:
-        await handle.result(timeout=5)
-    assert failed.value.state == "CompensationFailed"
+    failed = await failure_of(handle, timeout=5)
+    assert failed.state == "CompensationFailed"
     return host, handle.instance_id, sink
 
 
@@ -161,8 +160,7 @@ async def test_a_failed_step_with_no_compensation_begun_replays_forward(
     host = await host_factory(plan)
     broken.add("notify")
     handle = await host.start(plan, Order(order_id="f1"))
-    with pytest.raises(flowx.FlowFailed):
-        await handle.result(timeout=5)
+    await failure_of(handle, timeout=5)
     broken.clear()
     target = await host.replay(handle.instance_id, "saga.notify")
     assert target.mode == "forward" and target.reruns == ("saga.notify",)

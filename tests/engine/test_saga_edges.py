@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import pytest
 from pydantic import BaseModel
 
 import flowx
@@ -17,7 +16,7 @@ from flowx.stores.errors import LeaseLost
 from flowx.stores.records import InstanceState, Outcome
 from flowx.testing import FakeClock
 from tests.engine import kit
-from tests.engine.kit import Ledger, rows_of, until_state
+from tests.engine.kit import Ledger, failure_of, rows_of, until_state
 from tests.engine.kit import fresh_ledgers as _reset  # noqa: F401 - autouse
 from tests.support.polling import until
 
@@ -72,8 +71,7 @@ async def test_a_replayed_fork_runs_nothing_forward_once_compensation_has_begun(
     host = await host_factory(plan)
     broken.update({"f", "release"})
     handle = await host.start(plan, Order(order_id="e1"))
-    with pytest.raises(flowx.FlowFailed):
-        await handle.result(timeout=5)
+    await failure_of(handle, timeout=5)
     assert calls["s2"] == 0  # halted at its boundary by the sibling's failure
     broken.discard("release")
     dry = await host.replay(handle.instance_id, "edge.reserve", dry_run=True)
@@ -99,9 +97,8 @@ async def test_a_failing_branch_stops_a_sibling_between_its_retries(host_factory
     host = await host_factory(plan)
     broken.update({"flaky", "slow_fail"})
     handle = await host.start(plan, Order(order_id="e2"))
-    with pytest.raises(flowx.FlowFailed) as failed:
-        await handle.result(timeout=10)
-    assert failed.value.error["step"] == "edge.slow_fail"
+    failed = await failure_of(handle, timeout=10)
+    assert failed.error["step"] == "edge.slow_fail"
     assert 1 <= calls["flaky"] < 10  # ~0.07 s / 0.02 s per try, far short of 50
 
 
@@ -161,8 +158,7 @@ async def test_a_completed_child_is_undone_when_its_parent_fails_later(host_fact
     host = await host_factory(parent)
     broken.add("charge")
     handle = await host.start(parent, Order(order_id="e4"))
-    with pytest.raises(flowx.FlowFailed):
-        await handle.result(timeout=5)
+    await failure_of(handle, timeout=5)
     assert calls["unship"] == 1 and calls["release"] == 1
     child_id = child_instance_id(handle.instance_id, "", 2)
     record = await host.get(child_id)
@@ -197,9 +193,8 @@ async def test_a_child_that_cannot_be_undone_fails_the_parents_compensation(
     host = await host_factory(parent, alerts=sink)
     broken.update({"charge", "unship"})
     handle = await host.start(parent, Order(order_id="e5"))
-    with pytest.raises(flowx.FlowFailed) as failed:
-        await handle.result(timeout=5)
-    assert failed.value.state == "CompensationFailed"
+    failed = await failure_of(handle, timeout=5)
+    assert failed.state == "CompensationFailed"
     child_id = child_instance_id(handle.instance_id, "", 1)
     assert (await host.get(child_id)).state is InstanceState.COMPENSATION_FAILED
     # One alert for each instance that ran out: the child's own, and its parent's.
@@ -239,10 +234,9 @@ async def test_a_selector_that_raises_fails_the_flow_instead_of_leaving_it_runni
         (collect, "for_each.result_invalid"),
     ):
         handle = await host.start(flow, Order(order_id=flow.flow_id))
-        with pytest.raises(flowx.FlowFailed) as failed:
-            await handle.result(timeout=5)
-        assert failed.value.state == "Failed"
-        assert failed.value.error["code"] == code
+        failed = await failure_of(handle, timeout=5)
+        assert failed.state == "Failed"
+        assert failed.error["code"] == code
     assert calls["release"] == 3
 
 
@@ -334,9 +328,8 @@ async def test_a_child_that_completes_after_its_parents_deadline_is_undone(
     # Woken at its deadline, the parent waits on for the child instead of ending first.
     assert (await host.get(handle.instance_id)).state is InstanceState.SUSPENDED
     ledger.gates["slow_ship"].set()
-    with pytest.raises(flowx.FlowFailed) as failed:
-        await handle.result(timeout=5)
-    assert failed.value.state == "TimedOut"
+    failed = await failure_of(handle, timeout=5)
+    assert failed.state == "TimedOut"
     child_record = await host.get(child_instance_id(handle.instance_id, "", 2))
     assert flowx.codec.loads(child_record.error)["code"] == "flow.undone"
     assert calls["unship"] == 1 and calls["release"] == 1 and calls["s2"] == 0
@@ -373,9 +366,8 @@ async def test_a_child_that_times_out_with_its_parent_leaves_the_parent_timed_ou
     )
     clock.advance(hours=2)
     await host.timers.run_once()
-    with pytest.raises(flowx.FlowFailed) as failed:
-        await handle.result(timeout=5)
-    assert failed.value.state == "TimedOut"
+    failed = await failure_of(handle, timeout=5)
+    assert failed.state == "TimedOut"
     assert (await host.get(child_id)).state is InstanceState.TIMED_OUT
     assert calls["unship"] == 1 and calls["release"] == 1
 
@@ -418,9 +410,8 @@ async def test_a_busy_child_is_waited_for_not_counted_as_a_failed_compensation(
     host = await host_factory(parent)
     HELD.update(store=host.store, clock=clock)
     handle = await host.start(parent, Order(order_id="busy"))
-    with pytest.raises(flowx.FlowFailed) as failed:
-        await handle.result(timeout=10)
-    assert failed.value.state == "Failed"  # not CompensationFailed: the lease ran out, then undo
+    failed = await failure_of(handle, timeout=10)
+    assert failed.state == "Failed"  # not CompensationFailed: the lease ran out, then undo
     rows = await rows_of(host, handle.instance_id)
     assert [r.outcome for r in rows if r.outcome is Outcome.COMPENSATION_FAILURE] == []
     assert calls["unship"] == 1

@@ -13,7 +13,7 @@ from flowx.engine.runner import child_instance_id
 from flowx.stores.protocols import InstanceQuery
 from flowx.stores.records import InstanceState, Outcome
 from tests.engine import kit
-from tests.engine.kit import Ledger, reservation, rows_of, until_state
+from tests.engine.kit import Ledger, failure_of, reservation, rows_of, until_state
 from tests.engine.kit import fresh_ledgers as _reset  # noqa: F401 - autouse
 
 ledger = Ledger("sf")
@@ -148,10 +148,9 @@ async def test_a_child_failure_is_the_parents_step_failure_and_it_compensates(
     host = await host_factory(plan)
     broken.add("label")
     handle = await host.start(plan, Order(order_id="p2"))
-    with pytest.raises(flowx.FlowFailed) as failed:
-        await handle.result(timeout=5)
-    assert failed.value.state == "Failed"
-    error = failed.value.error
+    failed = await failure_of(handle, timeout=5)
+    assert failed.state == "Failed"
+    error = failed.error
     assert error["code"] == "sub_flow.failed" and error["child_state"] == "Failed"
     assert "refused the parcel" in error["child_error"]["message"]
     assert calls["release"] == 1
@@ -219,9 +218,8 @@ async def test_a_branch_failure_compensates_the_finished_branches(host_factory: 
     host = await host_factory(plan)
     broken.add("pay")
     handle = await host.start(plan, Order(order_id="f2"))
-    with pytest.raises(flowx.FlowFailed) as failed:
-        await handle.result(timeout=5)
-    assert failed.value.error["step"] == "sf.pay" and failed.value.error["scope"] == "2.0"
+    failed = await failure_of(handle, timeout=5)
+    assert failed.error["step"] == "sf.pay" and failed.error["scope"] == "2.0"
     # pack finished in the sibling branch: undone, newest first, then the reservation.
     assert [n for n, _ in seen if n in ("unpack", "release", "refund")] == ["unpack", "release"]
     assert ("unpack", "2.1") in seen
@@ -277,9 +275,8 @@ async def test_a_failure_deep_in_a_nested_loop_compensates_every_scope_newest_fi
     host = await host_factory(plan)
     broken.add("3")
     handle = await host.start(plan, Order(order_id="n2"))
-    with pytest.raises(flowx.FlowFailed) as failed:
-        await handle.result(timeout=5)
-    assert failed.value.error["scope"] == "1/0"
+    failed = await failure_of(handle, timeout=5)
+    assert failed.error["scope"] == "1/0"
     assert seen == [("unpick", "0/1"), ("unpick", "0/0"), ("release", "")]
 
 

@@ -18,7 +18,7 @@ import flowx
 from flowx import codec
 from flowx.stores.protocols import InstanceQuery
 from flowx.stores.records import InstanceState, Outcome
-from tests.engine.kit import Ledger, Order, reservation, rows_of
+from tests.engine.kit import Ledger, Order, failure_of, reservation, rows_of
 from tests.engine.kit import fresh_ledgers as _reset  # noqa: F401 - autouse
 
 ledger = Ledger("unst")
@@ -77,18 +77,17 @@ async def failed_once(host: flowx.FlowHost, plan: flowx.Plan, step_id: int = 2) 
     """Run ``plan`` to its end; it must fail at ``step_id`` with exactly one attempt row, a
     storable Failure whose payload names the field, and compensate what ran before it."""
     handle = await host.start(plan, Order(order_id="o1"))
-    with pytest.raises(flowx.FlowFailed) as failed:
-        await handle.result(timeout=10)
-    assert failed.value.state == "Failed"
+    failed = await failure_of(handle, timeout=10)
+    assert failed.state == "Failed"
     rows = await rows_of(host, handle.instance_id)
     attempts = [r for r in rows if r.step_id == step_id]
     assert [(r.attempt, r.outcome) for r in attempts] == [(1, Outcome.FAILURE)]
     stored = codec.loads(attempts[0].result)
     assert stored["retryable"] is False
-    assert stored["code"] == failed.value.error["code"]
-    assert stored.get("field") == failed.value.error.get("field")
+    assert stored["code"] == failed.error["code"]
+    assert stored.get("field") == failed.error.get("field")
     assert calls["release"] == 1  # the step before it was compensated, once
-    return dict(failed.value.error)
+    return dict(failed.error)
 
 
 # -- step results ----------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import flowx
 from flowx.stores.errors import InstanceFinished
 from flowx.stores.records import InstanceState, Outcome
 from flowx.testing import FakeClock
-from tests.engine.kit import Ledger, Order, reservation, rows_of, until_state
+from tests.engine.kit import Ledger, Order, failure_of, reservation, rows_of, until_state
 from tests.engine.kit import fresh_ledgers as _reset  # noqa: F401 - autouse
 from tests.support.polling import until
 
@@ -198,10 +198,9 @@ async def test_a_signal_timeout_with_no_branch_fails_the_flow_and_compensates(
     await until_state(host, handle.instance_id, InstanceState.SUSPENDED)
     clock.advance(days=3)
     assert (await host.timers.run_once()).woken == 1
-    with pytest.raises(flowx.FlowFailed) as failed:
-        await handle.result(timeout=5)
-    assert failed.value.state == "Failed"
-    assert failed.value.error["code"] == "signal.timed_out"
+    failed = await failure_of(handle, timeout=5)
+    assert failed.state == "Failed"
+    assert failed.error["code"] == "signal.timed_out"
     assert calls["release"] == 1
 
 
@@ -319,10 +318,9 @@ async def test_a_deadline_passed_while_sleeping_times_out_and_compensates(
     assert record.wake_at == started + timedelta(hours=1)  # the deadline comes first
     clock.advance(hours=1)
     assert (await host.timers.run_once()).woken == 1
-    with pytest.raises(flowx.FlowFailed) as failed:
-        await handle.result(timeout=5)
-    assert failed.value.state == "TimedOut"
-    assert failed.value.error["code"] == "flow.deadline_exceeded"
+    failed = await failure_of(handle, timeout=5)
+    assert failed.state == "TimedOut"
+    assert failed.error["code"] == "flow.deadline_exceeded"
     assert calls["release"] == 1 and calls["chase"] == 0
     rows = await rows_of(host, handle.instance_id)
     # The deadline is journaled as the failure of the step it stopped (the sleep), so a
@@ -345,9 +343,8 @@ async def test_a_deadline_passed_between_retries_times_out(host_factory: Any) ->
     )
     host = await host_factory(plan)
     handle = await host.start(plan, Order(order_id="d2"))
-    with pytest.raises(flowx.FlowFailed) as failed:
-        await handle.result(timeout=5)
-    assert failed.value.state == "TimedOut"
+    failed = await failure_of(handle, timeout=5)
+    assert failed.state == "TimedOut"
     assert 1 <= calls["flaky"] < 10  # stopped by the deadline, not by the retry budget
     assert calls["release"] == 1
 
