@@ -47,6 +47,14 @@ async def flaky(ctx: flowx.StepContext, order: Order) -> str:
     raise RuntimeError("the gateway is down")
 
 
+def shipped_or_chase(builder: Any, *, timeout: str, **kw: Any) -> Any:
+    """``builder`` then a wait for the ``shipped`` signal that, past ``timeout``, chases the
+    carrier instead (the timeout branch writes ``note``)."""
+    return builder.await_signal(
+        "shipped", Shipment, timeout=timeout, on_timeout=lambda b: b.step(chase, into="note"), **kw
+    )
+
+
 def shipping_flow(**kw: Any) -> flowx.Plan:
     return (
         flowx.flow("wait.ship", version="1", input=Order, state=OrderState, **kw)
@@ -161,18 +169,13 @@ async def test_a_signal_resumes_the_instance_on_another_node(host_factory: Any) 
 async def test_a_signal_timeout_takes_the_timeout_branch(
     host_factory: Any, clock: FakeClock
 ) -> None:
-    plan = (
-        flowx.flow("wait.branch", version="1", input=Order, state=OrderState)
-        .step(reserve, into="reservation")
-        .await_signal(
-            "shipped",
-            Shipment,
-            into="shipment",
-            timeout="2d",
-            on_timeout=lambda b: b.step(chase, into="note"),
-        )
-        .build()
-    )
+    plan = shipped_or_chase(
+        flowx.flow("wait.branch", version="1", input=Order, state=OrderState).step(
+            reserve, into="reservation"
+        ),
+        into="shipment",
+        timeout="2d",
+    ).build()
     host = await host_factory(plan)
     handle = await host.start(plan, Order(order_id="o6"))
     record = await until_state(host, handle.instance_id, InstanceState.SUSPENDED)
@@ -376,9 +379,9 @@ async def test_a_signal_after_its_wait_timed_out_is_late_and_kept_nowhere(
     host_factory: Any, clock: FakeClock
 ) -> None:
     plan = (
-        flowx.flow("wait.late-signal", version="1", input=Order, state=OrderState)
-        .await_signal(
-            "shipped", Shipment, timeout="1h", on_timeout=lambda b: b.step(chase, into="note")
+        shipped_or_chase(
+            flowx.flow("wait.late-signal", version="1", input=Order, state=OrderState),
+            timeout="1h",
         )
         .step(reserve, into="reservation")
         .build()
@@ -426,14 +429,12 @@ async def test_keyless_signals_racing_to_a_wait_that_happens_once_take_one(
 
 def twice_flow() -> flowx.Plan:
     return (
-        flowx.flow("wait.ship-twice", version="1", input=Order, state=OrderState)
-        .step(reserve, into="reservation")
-        .await_signal(
-            "shipped",
-            Shipment,
+        shipped_or_chase(
+            flowx.flow("wait.ship-twice", version="1", input=Order, state=OrderState).step(
+                reserve, into="reservation"
+            ),
             name="first-parcel",
             timeout="1h",
-            on_timeout=lambda b: b.step(chase, into="note"),
         )
         .await_signal("shipped", Shipment, into="shipment", name="second-parcel")
         .build()
