@@ -142,19 +142,27 @@ async def test_a_node_that_lost_its_lease_does_not_run_the_compensation(clock: F
     assert calls["reserve"] == 1 and calls["release"] == 0
 
 
-async def test_a_completed_child_is_undone_when_its_parent_fails_later(host_factory: Any) -> None:
+def reserve_ship_then(
+    child_id: str, parent_id: str, ship_with: flowx.Capability, last: flowx.Capability, **kw: Any
+) -> flowx.Plan:
+    """A parent (deadline 1 h) that reserves, ships in a child flow (undone by ``unship``),
+    then runs ``last``: one that can fail or time out after its child has completed."""
     child = (
-        flowx.flow("edge.child", version="1", input=Order, state=OrderState)
-        .step(ship, into="s1", compensate=unship)
+        flowx.flow(child_id, version="1", input=Order, state=OrderState)
+        .step(ship_with, into="s1", compensate=unship)
         .build()
     )
-    parent = (
-        flowx.flow("edge.parent", version="1", input=Order, state=OrderState, deadline="1h")
+    return (
+        flowx.flow(parent_id, version="1", input=Order, state=OrderState, deadline="1h")
         .step(reserve, into="reservation", compensate=release)
         .sub_flow(child, lambda o, s: o, into="shipped")
-        .step(charge)
+        .step(last, **kw)
         .build()
     )
+
+
+async def test_a_completed_child_is_undone_when_its_parent_fails_later(host_factory: Any) -> None:
+    parent = reserve_ship_then("edge.child", "edge.parent", ship, charge)
     host = await host_factory(parent)
     broken.add("charge")
     handle = await host.start(parent, Order(order_id="e4"))
@@ -305,18 +313,7 @@ slow_ship = ledger.capability("slow_ship", returns=lambda _: "shipped")
 async def test_a_child_that_completes_after_its_parents_deadline_is_undone(
     host_factory: Any, clock: FakeClock
 ) -> None:
-    child = (
-        flowx.flow("edge.late-child", version="1", input=Order, state=OrderState)
-        .step(slow_ship, into="s1", compensate=unship)
-        .build()
-    )
-    parent = (
-        flowx.flow("edge.late-parent", version="1", input=Order, state=OrderState, deadline="1h")
-        .step(reserve, into="reservation", compensate=release)
-        .sub_flow(child, lambda o, s: o, into="shipped")
-        .step(s2, into="s2")
-        .build()
-    )
+    parent = reserve_ship_then("edge.late-child", "edge.late-parent", slow_ship, s2, into="s2")
     ledger.gates["slow_ship"] = asyncio.Event()
     host = await host_factory(parent)
     handle = await host.start(parent, Order(order_id="late"))
