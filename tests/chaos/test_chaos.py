@@ -16,6 +16,7 @@ reports holds, and every planned fault was injected. Tests never import ``benchm
 
 from __future__ import annotations
 
+import ast
 import json
 import signal
 import subprocess
@@ -31,18 +32,21 @@ ROOT = Path(__file__).resolve().parents[2]
 #: Leaves the benchmark time to stop its servers (on SIGINT) before pytest's own timeout.
 RUN_TIMEOUT = 270.0
 
-ARMS = [
-    "kill_after_effect",
-    "kill_after_commit",
-    "zombie",
-    "kill_during_takeover",
-    "postgres_restart",
-    "redis_restart",
-    "sigterm_drain",
-    "commit_no_reply",
-    "clock_skew",
-    "lease_store_outage",
-]
+
+def ci_arms() -> list[str]:
+    """The arms ``--quick`` runs: the keys of ``CI_ARMS`` in ``benchmarks/chaos.py``, read from
+    its source (a test never imports the benchmarks), so a new arm is tested without being
+    listed twice."""
+    tree = ast.parse((ROOT / "benchmarks" / "chaos.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign | ast.AnnAssign) and isinstance(node.value, ast.Dict):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id == "CI_ARMS" for t in targets):
+                return [k.value for k in node.value.keys if isinstance(k, ast.Constant)]
+    raise AssertionError("benchmarks/chaos.py has no CI_ARMS dict")
+
+
+ARMS = ci_arms()
 
 
 def run_arm(arm: str, out: Path) -> tuple[dict[str, Any], str]:
