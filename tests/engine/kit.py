@@ -20,7 +20,6 @@ holds what a user's own tests need: ``FakeClock`` and the store conformance suit
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections import Counter
 from collections.abc import Callable
 from typing import Any, ClassVar, Protocol, TypeVar
@@ -138,9 +137,9 @@ class Ledger:
         )
 
 
-def reservation(prefix: str = "R") -> Callable[[Any], str]:
+def reservation(order: Any) -> str:
     """What a ``reserve`` capability returns for an order: ``R-<order_id>``."""
-    return functools.partial(lambda p, order: f"{p}-{order.order_id}", prefix)
+    return f"R-{order.order_id}"
 
 
 async def rows_of(host: flowx.FlowHost, iid: str) -> list[StepRecord]:
@@ -173,5 +172,6 @@ async def until_state(
         seen.append(await host.get(iid))
         return seen[-1].state is state and not (idle and iid in host._tasks)
 
-    await until(settled, within=timeout, what=f"{iid} {state.value} and idle", every=0.01)
+    what = f"{iid} {state.value}" + (" and idle" if idle else "")
+    await until(settled, within=timeout, what=what, every=0.01)
     return seen[-1]

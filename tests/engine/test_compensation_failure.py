@@ -23,7 +23,7 @@ class OrderState(BaseModel):
     receipt: str | None = None
 
 
-reserve = ledger.capability("reserve", returns=reservation())
+reserve = ledger.capability("reserve", returns=reservation)
 release = ledger.undo("release", fails_with="inventory service refused the release")
 capture = ledger.capability(
     "capture", returns=lambda _: "P-1", fails_with="card declined by the gateway"

@@ -41,7 +41,7 @@ class OrderState(BaseModel):
     picked: list[Any] = []
 
 
-reserve = ledger.capability("reserve", returns=reservation())
+reserve = ledger.capability("reserve", returns=reservation)
 release = ledger.undo("release", scoped=True)
 label = ledger.capability(
     "label",

@@ -39,7 +39,7 @@ class OrderState(BaseModel):
     reading: Reading | None = None
 
 
-reserve = ledger.capability("reserve", returns=reservation())
+reserve = ledger.capability("reserve", returns=reservation)
 release = ledger.undo("release")
 produce = ledger.capability("produce", returns=lambda _: produced[0]())
 

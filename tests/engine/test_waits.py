@@ -36,7 +36,7 @@ class OrderState(BaseModel):
     note: str | None = None
 
 
-reserve = ledger.capability("reserve", returns=reservation())
+reserve = ledger.capability("reserve", returns=reservation)
 release = ledger.undo("release")
 chase = ledger.capability("chase", returns=lambda _: "chased the carrier")
 
