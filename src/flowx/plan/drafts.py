@@ -4,7 +4,9 @@ The builder checks nothing while it records (a flow reads top to bottom, and a m
 reported with the whole plan in view), so a draft holds the arguments exactly as given, junk
 included; ``build()`` checks them all and turns each draft into its plan node (R2.12). A typed
 draft per kind, rather than a dict of arguments, lets each kind's compile function name the
-fields it reads, and lets mypy see when a kind gains an option that is never compiled.
+fields it reads, and mypy check that it reads only fields the kind has. Not slotted: the
+compile table's test lists ``NodeDraft.__subclasses__()``, which a slotted dataclass (a copy
+of the class) would list twice.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ InputT = TypeVar("InputT", bound=BaseModel)
 Target: TypeAlias = Callable[..., Any] | Capability | str
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class FlowHeader(Generic[InputT]):
     """What ``flowx.flow(...)`` was given: the options of the flow as a whole."""
 
@@ -42,7 +44,7 @@ class FlowHeader(Generic[InputT]):
     step_timeout: DurationLike | None = None
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class NodeDraft:
     """What every draft has: the kind it compiles to and the name the author gave, if any."""
 
@@ -59,7 +61,7 @@ class NodeDraft:
 Drafts: TypeAlias = tuple[NodeDraft, ...]
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class StepDraft(NodeDraft):
     """``.step(target, ...)``: call a capability."""
 
@@ -74,7 +76,7 @@ class StepDraft(NodeDraft):
     timeout: DurationLike | None = None
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class EmitDraft(NodeDraft):
     """``.emit(event_type, build, ...)``: stage an event in the outbox."""
 
@@ -84,7 +86,7 @@ class EmitDraft(NodeDraft):
     partition_key: Selector | None = None
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class ForEachDraft(NodeDraft):
     """``.for_each(name, items, body, ...)``: run ``body`` once per item."""
 
@@ -97,7 +99,7 @@ class ForEachDraft(NodeDraft):
         return (self.body,)
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class ForkDraft(NodeDraft):
     """``.fork(name, *branches)``: run branches concurrently and join them."""
 
@@ -108,7 +110,7 @@ class ForkDraft(NodeDraft):
         return self.branches
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class AwaitSignalDraft(NodeDraft):
     """``.await_signal(signal, payload_type, ...)``: suspend until a signal or a timeout.
 
@@ -128,7 +130,7 @@ class AwaitSignalDraft(NodeDraft):
         return () if self.on_timeout is None else (self.on_timeout,)
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class SleepDraft(NodeDraft):
     """``.sleep(duration)``: park the instance durably."""
 
@@ -136,7 +138,7 @@ class SleepDraft(NodeDraft):
     duration: DurationLike
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class SubFlowDraft(NodeDraft):
     """``.sub_flow(plan, input, ...)``: run a child instance and wait for it."""
 
