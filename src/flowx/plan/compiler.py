@@ -56,6 +56,7 @@ class Compiler:
         self.signal_types: dict[str, Any] = {}
 
     def error(self, code: str, message: str) -> PlanError:
+        """The diagnostic to raise; a kind's compile function words ``message``."""
         return plan_error(self.flow_id, code, message)
 
     def nodes(self, drafts: Drafts) -> tuple[Node, ...]:
