@@ -12,6 +12,7 @@ import psycopg
 import pytest
 
 import flowx
+from flowx.stores.errors import DuplicateStep, FencedOut
 from flowx.stores.postgres import PostgresStores
 from flowx.stores.postgres.database import SCHEMA_VERSION
 from flowx.stores.records import InstanceState, Outcome, StepCommit, StepWrite
@@ -288,7 +289,7 @@ async def test_a_duplicate_step_row_raises_duplicate_step(pg_schema: Callable[[]
         j = stores.journal
         iid = (await j.create(instance(), token=1, now=at(0))).instance.instance_id
         await j.commit(StepCommit(instance_id=iid, token=1, now=at(1), step=step(1)))
-        with pytest.raises(flowx.DuplicateStep):
+        with pytest.raises(DuplicateStep):
             await j.commit(
                 StepCommit(
                     instance_id=iid,
@@ -322,7 +323,7 @@ async def test_acquisition_raises_the_fence_and_the_old_token_is_fenced_out(
             assert lease is not None and lease.token > 1
             assert conn.execute(fence, (iid,)).fetchone() == (lease.token,)
 
-            with pytest.raises(flowx.FencedOut) as refused:
+            with pytest.raises(FencedOut) as refused:
                 await j.commit(
                     StepCommit(
                         instance_id=iid,
