@@ -49,6 +49,9 @@ from flowx.stores.sqlite.waits import SqliteWaits
 _SELECT_STEPS: Final = (
     f"SELECT {STEP_COLUMNS} FROM flow_step WHERE instance_id = ? ORDER BY sequence"
 )
+# Primary key, both.
+_FENCE_OF: Final = "SELECT fence FROM flow_instance WHERE instance_id = ?"
+_RAISE_FENCE: Final = "UPDATE flow_instance SET fence = ? WHERE instance_id = ? AND fence < ?"
 # flow_instance_idempotency_idx.
 _SELECT_BY_KEY: Final = (
     f"SELECT {INSTANCE_COLUMNS} FROM flow_instance WHERE flow_id = ? AND idempotency_key = ?"
@@ -157,9 +160,7 @@ class SqliteJournal:
     async def open(self, instance_id: str, *, token: int, now: datetime | None) -> History:
         def tx(conn: sqlite3.Connection) -> History:
             stamp = to_text(or_process_now(now))  # read under the write lock
-            row = conn.execute(
-                "SELECT fence FROM flow_instance WHERE instance_id = ?", (instance_id,)
-            ).fetchone()
+            row = conn.execute(_FENCE_OF, (instance_id,)).fetchone()
             if row is None:
                 raise UnknownInstance(instance_id)
             if token < row[0]:
@@ -324,9 +325,17 @@ class SqliteLeaseStore:
         now: datetime | None,
         floor: int = 0,
     ) -> Lease | None:
-        return await self._db.write(
-            lambda conn: acquire_in(conn, instance_id, owner, ttl, now, floor)
-        )
+        def tx(conn: sqlite3.Connection) -> Lease | None:
+            row = conn.execute(_FENCE_OF, (instance_id,)).fetchone()
+            fence = row[0] if row is not None else 0
+            lease = acquire_in(conn, instance_id, owner, ttl, now, max(floor, fence))
+            if lease is not None and row is not None:
+                # The fence rises on acquisition (R2.4): from here on a zombie holding an
+                # older token is refused, before the new owner has written or read anything.
+                conn.execute(_RAISE_FENCE, (lease.token, instance_id, lease.token))
+            return lease
+
+        return await self._db.write(tx)
 
     async def renew(self, lease: Lease, *, ttl: timedelta, now: datetime | None) -> Lease:
         return await renew_one(self, lease, ttl=ttl, now=now)
