@@ -26,7 +26,7 @@ from flowx.stores.errors import UnknownConsumer
 from flowx.stores.outbox_claims import ClaimOutcome
 from flowx.stores.records import ChangeBatch, EventRecord, OutboxPurge
 from flowx.stores.sqlite.database import SqliteDatabase, to_text
-from flowx.stores.sqlite.rows import event
+from flowx.stores.sqlite.rows import event_row
 
 log = logging.getLogger("flowx.sqlite")
 
@@ -73,7 +73,7 @@ class SqliteOutbox:
             rows = conn.execute(
                 _CANDIDATES, {"now": to_text(now), "limit": limit, "hold": dead_letters_hold_keys}
             ).fetchall()
-            events = tuple(event(r) for r in rows)
+            events = tuple(event_row(r) for r in rows)
             conn.executemany(
                 "UPDATE outbox_event SET claimed_by = ?, claim_until = ? WHERE staged_seq = ?",
                 [(stamp, until, e.staged_seq) for e in events],
@@ -133,7 +133,7 @@ class SqliteOutbox:
                 "AND o.published_at IS NULL ORDER BY o.dead_at, o.staged_seq LIMIT ?",
                 (limit,),
             )
-            return tuple(event(r) for r in rows)
+            return tuple(event_row(r) for r in rows)
 
         return await self._db.run(q)
 
@@ -184,7 +184,7 @@ class SqliteChanges:
                 "ORDER BY o.staged_seq LIMIT ?",
                 (row[0], limit),
             ).fetchall()
-            events = tuple(event(r) for r in rows)
+            events = tuple(event_row(r) for r in rows)
             return ChangeBatch(
                 consumer=consumer,
                 events=events,

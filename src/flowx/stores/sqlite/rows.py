@@ -70,22 +70,22 @@ _SIGNAL_FIELDS: Final = names(SIGNAL_COLUMNS)
 _EVENT_FIELDS: Final = names(EVENT_COLUMNS)
 
 
-def instance(row: Sequence[Any]) -> InstanceRecord:
+def instance_row(row: Sequence[Any]) -> InstanceRecord:
     """An ``INSTANCE_COLUMNS`` row."""
     return instance_of(_named(_INSTANCE_FIELDS, row))
 
 
-def step(row: Sequence[Any]) -> StepRecord:
+def step_row(row: Sequence[Any]) -> StepRecord:
     """A ``STEP_COLUMNS`` row."""
     return step_of(_named(_STEP_FIELDS, row))
 
 
-def signal(row: Sequence[Any]) -> SignalRecord:
+def signal_row(row: Sequence[Any]) -> SignalRecord:
     """A ``SIGNAL_COLUMNS`` row."""
     return signal_of(_named(_SIGNAL_FIELDS, row))
 
 
-def event(row: Sequence[Any]) -> EventRecord:
+def event_row(row: Sequence[Any]) -> EventRecord:
     """An ``EVENT_COLUMNS`` row."""
     return event_of(_named(_EVENT_FIELDS, row))
 
@@ -93,7 +93,7 @@ def event(row: Sequence[Any]) -> EventRecord:
 def read_instance(conn: sqlite3.Connection, instance_id: str) -> InstanceRecord | None:
     """The instance's row, or ``None``."""
     row = conn.execute(SELECT_INSTANCE, (instance_id,)).fetchone()
-    return instance(row) if row is not None else None
+    return instance_row(row) if row is not None else None
 
 
 def candidates(

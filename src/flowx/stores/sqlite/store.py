@@ -39,10 +39,16 @@ from flowx.stores.records import (
     StepRecord,
 )
 from flowx.stores.renewal import renew_one
-from flowx.stores.sqlite import rows
 from flowx.stores.sqlite.database import SqliteDatabase, from_text, to_text
 from flowx.stores.sqlite.outbox import SqliteChanges, SqliteOutbox
-from flowx.stores.sqlite.rows import SELECT_INSTANCE
+from flowx.stores.sqlite.rows import (
+    SELECT_INSTANCE,
+    candidates,
+    event_row,
+    instance_row,
+    read_instance,
+    step_row,
+)
 from flowx.stores.sqlite.waits import SqliteWaits
 
 # Served by the primary key; rows come back in commit order (R2.8).
@@ -66,7 +72,7 @@ def create_in(
     if row is None and instance.idempotency_key is not None:
         row = conn.execute(_SELECT_BY_KEY, (instance.flow_id, instance.idempotency_key)).fetchone()
     if row is not None:
-        return CreateResult(instance=rows.instance(row), created=False)
+        return CreateResult(instance=instance_row(row), created=False)
     stamp = to_text(or_process_now(now))  # read under the write lock
     conn.execute(
         f"INSERT INTO flow_instance ({CREATE_COLUMNS}) "
@@ -91,7 +97,7 @@ def create_in(
             stamp,
         ),
     )
-    created = rows.read_instance(conn, instance.instance_id)
+    created = read_instance(conn, instance.instance_id)
     assert created is not None  # written above, in this transaction
     return CreateResult(instance=created, created=True)
 
@@ -174,9 +180,9 @@ class SqliteJournal:
                 "updated_at = ?, version = version + 1 WHERE instance_id = ?",
                 (token, stamp, instance_id),
             )
-            instance = rows.read_instance(conn, instance_id)
+            instance = read_instance(conn, instance_id)
             assert instance is not None  # its fence was read above, under the write lock
-            steps = tuple(rows.step(r) for r in conn.execute(_SELECT_STEPS, (instance_id,)))
+            steps = tuple(step_row(r) for r in conn.execute(_SELECT_STEPS, (instance_id,)))
             return History(instance=instance, steps=steps)
 
         return await self._db.write(tx)
@@ -281,20 +287,20 @@ class SqliteJournal:
 
     async def get(self, instance_id: str) -> InstanceRecord | None:
         def q(conn: sqlite3.Connection) -> InstanceRecord | None:
-            return rows.read_instance(conn, instance_id)
+            return read_instance(conn, instance_id)
 
         return await self._db.run(q)
 
     async def find_by_key(self, flow_id: str, idempotency_key: str) -> InstanceRecord | None:
         def q(conn: sqlite3.Connection) -> InstanceRecord | None:
             row = conn.execute(_SELECT_BY_KEY, (flow_id, idempotency_key)).fetchone()
-            return rows.instance(row) if row else None
+            return instance_row(row) if row else None
 
         return await self._db.run(q)
 
     async def steps(self, instance_id: str) -> Sequence[StepRecord]:
         def q(conn: sqlite3.Connection) -> Sequence[StepRecord]:
-            return tuple(rows.step(r) for r in conn.execute(_SELECT_STEPS, (instance_id,)))
+            return tuple(step_row(r) for r in conn.execute(_SELECT_STEPS, (instance_id,)))
 
         return await self._db.run(q)
 
@@ -305,7 +311,7 @@ class SqliteJournal:
                 "ORDER BY staged_seq",  # outbox_event_instance_idx
                 (instance_id,),
             )
-            return tuple(rows.event(r) for r in found)
+            return tuple(event_row(r) for r in found)
 
         return await self._db.run(q)
 
@@ -418,7 +424,7 @@ class SqliteRecoveryIndex:
 
     async def _page(self, sql: str, args: tuple[Any, ...]) -> Sequence[RecoveryCandidate]:
         def q(conn: sqlite3.Connection) -> Sequence[RecoveryCandidate]:
-            return rows.candidates(conn, sql, args)
+            return candidates(conn, sql, args)
 
         return await self._db.run(q)
 
@@ -445,7 +451,7 @@ class SqliteCatalog:
                 f"SELECT {INSTANCE_COLUMNS} FROM flow_instance WHERE {' AND '.join(where)} "
                 "ORDER BY created_at DESC, instance_id DESC LIMIT ?"
             )
-            return tuple(rows.instance(r) for r in conn.execute(sql, (*args, query.limit)))
+            return tuple(instance_row(r) for r in conn.execute(sql, (*args, query.limit)))
 
         return await self._db.run(q)
 

@@ -26,7 +26,7 @@ from flowx.stores.records import (
     SuspendCommit,
 )
 from flowx.stores.sqlite.database import SqliteDatabase, from_text, to_text
-from flowx.stores.sqlite.rows import candidates, read_instance, signal
+from flowx.stores.sqlite.rows import candidates, read_instance, signal_row
 
 # Primary key.
 FENCE_OF: Final = "SELECT fence FROM flow_instance WHERE instance_id = ?"
@@ -193,7 +193,7 @@ class SqliteWaits:
 
     async def signals(self, instance_id: str, name: str) -> Sequence[SignalRecord]:
         def q(conn: sqlite3.Connection) -> Sequence[SignalRecord]:
-            return tuple(signal(r) for r in conn.execute(SELECT_SIGNALS, (instance_id, name)))
+            return tuple(signal_row(r) for r in conn.execute(SELECT_SIGNALS, (instance_id, name)))
 
         return await self._db.run(q)
 
