@@ -10,8 +10,15 @@ import pytest
 from flowx.stores.errors import FencedOut, LeaseLost
 from flowx.stores.paired import PairedStores
 from flowx.stores.protocols import LeasedCreate, StoreClock
-from flowx.stores.records import StepCommit
-from flowx.testing.conformance._support import at, event, instance, make_instance, new_id, step
+from flowx.testing.conformance._support import (
+    at,
+    commit,
+    event,
+    instance,
+    make_instance,
+    new_id,
+    step,
+)
 
 TTL = timedelta(seconds=30)
 
@@ -138,10 +145,10 @@ class LeaseStoreConformance:
             assert lease is not None and lease.token > 1
         assert (await stores.journal.get(iid)).fence == lease.token
 
-        zombie = StepCommit(
-            instance_id=iid,
+        zombie = commit(
+            iid,
             token=1,
-            now=at(2),
+            now=2,
             step=step(1),
             state_bag='{"zombie":true}',
             events=(event(),),
@@ -153,7 +160,7 @@ class LeaseStoreConformance:
         assert list(await stores.journal.events(iid)) == []
         assert (await stores.journal.get(iid)).state_bag == "{}"
         assert await stores.outbox.pending_count() == 0
-        fresh = StepCommit(instance_id=iid, token=lease.token, now=at(3))
+        fresh = commit(iid, token=lease.token, now=3)
         assert await stores.journal.commit(fresh) is None
 
     async def test_a_leased_create_takes_lease_and_instance_in_one_write(self, stores: Any) -> None:

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from flowx.stores.records import ChangeBatch, EventWrite, StepCommit
-from flowx.testing.conformance._support import at, event, instance, step
+from flowx.stores.records import ChangeBatch, EventWrite
+from flowx.testing.conformance._support import at, commit, event, instance, step
 
 
 async def stage(stores: Any, keys: list[str | None], *, per_commit: int = 1) -> list[EventWrite]:
@@ -22,9 +22,7 @@ async def stage(stores: Any, keys: list[str | None], *, per_commit: int = 1) -> 
             event(k, payload=f'{{"n":{first + i}}}')
             for i, k in enumerate(keys[first : first + per_commit])
         )
-        await stores.journal.commit(
-            StepCommit(instance_id=iid, token=1, now=at(n), step=step(n), events=events)
-        )
+        await stores.journal.commit(commit(iid, token=1, now=n, step=step(n), events=events))
         staged.extend(events)
     return staged
 
