@@ -11,7 +11,15 @@ import pytest
 from flowx.stores.errors import DuplicateStep, FencedOut, UnknownInstance
 from flowx.stores.protocols import StoreClock
 from flowx.stores.records import InstanceState, Outcome
-from flowx.testing.conformance._support import at, commit, event, instance, new_id, step
+from flowx.testing.conformance._support import (
+    at,
+    commit,
+    event,
+    instance,
+    make_instance,
+    new_id,
+    step,
+)
 
 
 class JournalConformance:
@@ -70,7 +78,7 @@ class JournalConformance:
         assert (await stores.journal.get(iid)).input == '{"a":1}'
 
     async def test_commits_allocate_sequences_in_commit_order(self, stores: Any) -> None:
-        iid = (await stores.journal.create(instance(), token=1, now=at(0))).instance.instance_id
+        iid = await make_instance(stores)
         seqs = []
         for sid in (3, 1, 2):  # commit order, not step order
             seqs.append(await stores.journal.commit(commit(iid, token=1, now=sid, step=step(sid))))
@@ -80,7 +88,7 @@ class JournalConformance:
         assert (await stores.journal.get(iid)).next_sequence == 4
 
     async def test_a_stale_token_is_refused_and_writes_nothing(self, stores: Any) -> None:
-        iid = (await stores.journal.create(instance(), token=5, now=at(0))).instance.instance_id
+        iid = await make_instance(stores, token=5)
         with pytest.raises(FencedOut) as refused:
             await stores.journal.commit(
                 commit(
@@ -104,7 +112,7 @@ class JournalConformance:
         assert list(await stores.journal.events(iid)) == []
 
     async def test_the_fence_rises_on_open_before_any_write(self, stores: Any) -> None:
-        iid = (await stores.journal.create(instance(), token=1, now=at(0))).instance.instance_id
+        iid = await make_instance(stores)
         await stores.journal.commit(commit(iid, token=1, now=1, step=step(1)))
         history = await stores.journal.open(iid, token=2, now=at(2))
         assert history.instance.fence == 2
@@ -113,7 +121,7 @@ class JournalConformance:
         assert await stores.journal.commit(commit(iid, token=2, now=3, step=step(2))) == 2
 
     async def test_open_with_a_token_below_the_fence_is_refused(self, stores: Any) -> None:
-        iid = (await stores.journal.create(instance(), token=7, now=at(0))).instance.instance_id
+        iid = await make_instance(stores, token=7)
         with pytest.raises(FencedOut):
             await stores.journal.open(iid, token=6, now=at(1))
         assert (await stores.journal.get(iid)).fence == 7
@@ -126,7 +134,7 @@ class JournalConformance:
         assert await stores.journal.get(new_id()) is None
 
     async def test_a_duplicate_step_raises_and_writes_nothing(self, stores: Any) -> None:
-        iid = (await stores.journal.create(instance(), token=1, now=at(0))).instance.instance_id
+        iid = await make_instance(stores)
         await stores.journal.commit(commit(iid, token=1, now=1, step=step(1), state_bag='{"v":1}'))
         with pytest.raises(DuplicateStep) as dup:
             await stores.journal.commit(
@@ -150,7 +158,7 @@ class JournalConformance:
     async def test_the_same_step_in_another_scope_or_attempt_is_not_a_duplicate(
         self, stores: Any
     ) -> None:
-        iid = (await stores.journal.create(instance(), token=1, now=at(0))).instance.instance_id
+        iid = await make_instance(stores)
         for write in (
             step(4, scope="0"),
             step(4, scope="1"),
@@ -162,7 +170,7 @@ class JournalConformance:
         assert [(r.scope, r.attempt) for r in rows] == [("0", 1), ("1", 1), ("1", 2), ("1/0", 1)]
 
     async def test_the_frontier_of_a_partial_history(self, stores: Any) -> None:
-        iid = (await stores.journal.create(instance(), token=1, now=at(0))).instance.instance_id
+        iid = await make_instance(stores)
         j = stores.journal
         await j.commit(commit(iid, token=1, now=1, step=step(1), state_bag='{"s":1}'))
         await j.commit(
@@ -189,7 +197,7 @@ class JournalConformance:
         assert row.committed_at == at(1)
 
     async def test_resume_count_counts_takeovers_since_the_last_commit(self, stores: Any) -> None:
-        iid = (await stores.journal.create(instance(), token=1, now=at(0))).instance.instance_id
+        iid = await make_instance(stores)
         assert (await stores.journal.open(iid, token=2, now=at(1))).instance.resume_count == 1
         assert (await stores.journal.open(iid, token=3, now=at(2))).instance.resume_count == 2
         await stores.journal.commit(commit(iid, token=3, now=3, step=step(1)))
@@ -204,7 +212,7 @@ class JournalConformance:
         assert history.instance.state is InstanceState.RUNNING
 
     async def test_a_transition_without_a_step_consumes_no_sequence(self, stores: Any) -> None:
-        iid = (await stores.journal.create(instance(), token=1, now=at(0))).instance.instance_id
+        iid = await make_instance(stores)
         seq = await stores.journal.commit(
             commit(
                 iid,
@@ -224,8 +232,8 @@ class JournalConformance:
         assert after.updated_at == at(4)
 
     async def test_events_are_staged_with_their_step_in_order(self, stores: Any) -> None:
-        a = (await stores.journal.create(instance(), token=1, now=at(0))).instance.instance_id
-        b = (await stores.journal.create(instance(), token=1, now=at(0))).instance.instance_id
+        a = await make_instance(stores)
+        b = await make_instance(stores)
         first, second, third = event("k1"), event("k2"), event(None)
         await stores.journal.commit(commit(a, token=1, now=1, step=step(1), events=(first, second)))
         await stores.journal.commit(commit(b, token=1, now=2, step=step(1), events=(third,)))
@@ -244,9 +252,9 @@ class JournalConformance:
     async def test_concurrent_commits_succeed_or_fail_one_by_one(self, stores: Any) -> None:
         """A store that groups commits (one transaction for many) must keep each atomic."""
         j = stores.journal
-        good = (await j.create(instance(), token=1, now=at(0))).instance.instance_id
-        fenced = (await j.create(instance(), token=5, now=at(0))).instance.instance_id
-        dup = (await j.create(instance(), token=1, now=at(0))).instance.instance_id
+        good = await make_instance(stores)
+        fenced = await make_instance(stores, token=5)
+        dup = await make_instance(stores)
         await j.commit(commit(dup, token=1, now=1, step=step(1)))
         results = await asyncio.gather(
             j.commit(

@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 
 from flowx.stores.records import ChangeBatch, EventWrite
-from flowx.testing.conformance._support import at, commit, event, instance, step
+from flowx.testing.conformance._support import at, commit, event, make_instance, step
 
 
 async def stage(stores: Any, keys: list[str | None], *, per_commit: int = 1) -> list[EventWrite]:
     """One instance that commits ``keys`` as events, ``per_commit`` to a step, in order."""
-    iid = (await stores.journal.create(instance(), token=1, now=at(0))).instance.instance_id
+    iid = await make_instance(stores)
     staged: list[EventWrite] = []
     for n, first in enumerate(range(0, len(keys), per_commit), start=1):
         events = tuple(
