@@ -59,7 +59,8 @@ class FlowHandle(Generic[S]):
         return f"FlowHandle({self.plan.ref}, {self.instance_id})"
 
     async def status(self) -> InstanceRecord:
-        """The instance's row as the journal has it now."""
+        """The instance's current record (state, step, error) from the journal, whichever
+        node runs it."""
         return await self._host.get(self.instance_id)
 
     async def result(self, *, timeout: float | None = None, poll: float = 0.1) -> Any:

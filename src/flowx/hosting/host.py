@@ -190,7 +190,8 @@ class FlowHost:
         return self._ctx.plans.plan(flow, version)
 
     def carries(self, flow_id: str, version: str) -> bool:
-        """Whether this node can run instances pinned to ``flow_id@version`` (R7.3)."""
+        """Whether this host has the plan ``flow_id@version``: a worker resumes only
+        instances of plans it carries."""
         return self._ctx.plans.carries(flow_id, version)
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -419,7 +420,7 @@ class FlowHost:
     # -- reading ---------------------------------------------------------------------------
 
     async def get(self, instance_id: str) -> InstanceRecord:
-        """The instance's row; ``InstanceNotFound`` when the journal holds none."""
+        """The instance's record from the journal; ``InstanceNotFound`` if there is none."""
         if not storable_id(instance_id):  # no journal could hold it, so none does
             raise InstanceNotFound(instance_id)
         record = await self._ctx.require_stores().journal.get(instance_id)
@@ -430,12 +431,13 @@ class FlowHost:
     def handle(
         self, instance_id: str, flow: Plan | str, version: str | None = None
     ) -> FlowHandle[Any]:
-        """A handle on an instance started elsewhere (another call, another node)."""
+        """A handle on an existing instance (started elsewhere or earlier), to await its
+        result or read its status."""
         return FlowHandle(self, self.plan(flow, version), instance_id, created=False)
 
     @property
     def in_flight(self) -> int:
-        """How many instances run on this node now."""
+        """How many instances this host is running right now: for a drain or a health check."""
         return len(self._runner.tasks)
 
     @property
