@@ -20,7 +20,7 @@ from typing import Any
 import click
 
 from flowx import codec
-from flowx.engine.waiting import WaitKind, Waiting
+from flowx.engine.waiting import Waiting, WaitKind
 from flowx.hosting.replay import ReplayPlan
 from flowx.stores.records import EventRecord, InstanceRecord, SignalReceipt, StepRecord
 

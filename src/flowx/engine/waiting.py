@@ -66,12 +66,9 @@ def waiting_for(
             (s.step_name for s in steps if s.step_id == step_id), None
         )
     child = record.wake_signal == CHILD_WAIT
-    if child:
-        kind = WaitKind.SUB_FLOW
-    else:
-        kind = WaitKind.SIGNAL if record.wake_signal else WaitKind.TIMER
+    plain = WaitKind.SIGNAL if record.wake_signal else WaitKind.TIMER
     return Waiting(
-        kind=kind,
+        kind=WaitKind.SUB_FLOW if child else plain,
         signal=None if child else record.wake_signal,
         wake_at=record.wake_at,
         step_id=step_id,
