@@ -32,12 +32,9 @@ from flowx.errors import (
     FlowNotFound,
     FlowXError,
     IllegalState,
-    InputUnstorable,
     InstanceNotFound,
     RequestInvalid,
-    SerialisationError,
     SignalPayloadInvalid,
-    SignalPayloadUnstorable,
     SignalUnknown,
 )
 from flowx.stores.errors import InstanceFinished, UnknownInstance
@@ -65,28 +62,19 @@ EXIT_CODES: Final[Mapping[type[FlowXError], int]] = {
     RequestInvalid: EXIT_USAGE,
 }
 
-#: Fallback for raise sites that still raise a bare ``FlowXError`` (or ``SerialisationError``)
-#: with one of these codes instead of the class: the signal admission and the replay re-arm in
-#: ``hosting/host.py``, the replay planning in ``hosting/replay.py``, and the unstorable-value
-#: checks in ``hosting/storable.py`` (through ``codec.refused``, which keeps the base class).
-#: Such an error counts as the class its code names. Each entry can go once its site raises the
-#: class; an error raised as a class never consults this table.
+#: Fallback for the raise sites that still raise a bare ``FlowXError`` with one of these codes
+#: instead of the class: the signal admission (``signal.unknown``, ``signal.payload_invalid``)
+#: and the replay re-arm (``instance.illegal_state``) in ``hosting/host.py``, which is being
+#: restructured separately. Such an error counts as the class its code names. The table can go
+#: once those sites raise the classes; an error raised as a class never consults it.
 _CLASS_OF_BARE_CODE: Final[Mapping[str, type[FlowXError]]] = {
-    cls.code: cls
-    for cls in (
-        IllegalState,
-        SignalUnknown,
-        SignalPayloadInvalid,
-        InputUnstorable,
-        SignalPayloadUnstorable,
-    )
+    cls.code: cls for cls in (IllegalState, SignalUnknown, SignalPayloadInvalid)
 }
-_BARE: Final = (FlowXError, SerialisationError)
 
 
 def kind(exc: FlowXError) -> type[FlowXError]:
     """The class ``exc`` counts as: its own, or for a bare error the one its code names."""
-    if type(exc) in _BARE:
+    if type(exc) is FlowXError:
         return _CLASS_OF_BARE_CODE.get(exc.code, type(exc))
     return type(exc)
 
