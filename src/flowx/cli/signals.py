@@ -7,7 +7,6 @@ import sys
 
 import click
 
-from flowx import codec
 from flowx.cli import inputs
 from flowx.cli.app import db_option, flows_option, leases_option, output_option
 from flowx.cli.connect import command_host, not_carried, plans_or_fail
@@ -17,12 +16,11 @@ from flowx.cli.render import payload as decoded
 from flowx.errors import (
     FlowNotFound,
     FlowXError,
-    SerialisationError,
     SignalPayloadInvalid,
-    SignalPayloadUnstorable,
 )
 from flowx.hosting.host import FlowHost
 from flowx.hosting.replay import ReplayPlan
+from flowx.hosting.storable import signal_payload
 from flowx.hosting.stores import from_url
 from flowx.stores.records import InstanceRecord, InstanceState, SignalReceipt
 
@@ -33,14 +31,10 @@ async def _why_invalid(
     """The error to report for a payload the flow's type refused.
 
     pydantic reports a lone surrogate's \\u escape as malformed JSON; say what is really wrong
-    (the value cannot be stored), as the host says it of a payload given as a value.
+    (``SignalPayloadUnstorable`` is raised), as the host says it of a payload given as a value.
     """
     record = await host.get(instance_id)
-    ref = host.plan(record.flow_id, record.flow_version).ref
-    try:
-        codec.dumps(value, root="payload", context=f"signal {name!r} for {ref}")
-    except SerialisationError as unstorable:
-        return SignalPayloadUnstorable(str(unstorable), path=unstorable.path)
+    signal_payload(host.plan(record.flow_id, record.flow_version), name, value, key=None)
     return SignalPayloadInvalid(f"{exc}; pass --payload as a JSON object of that shape")
 
 
