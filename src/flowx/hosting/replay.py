@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from flowx.engine.runner import compensable
-from flowx.errors import FlowXError
+from flowx.errors import IllegalState
 from flowx.plan.model import Plan, StepNode, SubFlowNode, walk
 from flowx.stores.records import InstanceRecord, InstanceState, Outcome, StepRecord
 
@@ -40,8 +40,8 @@ class ReplayPlan:
     reruns: tuple[str, ...]
 
 
-def _illegal(message: str) -> FlowXError:
-    return FlowXError(message, code="instance.illegal_state")
+def _illegal(message: str) -> IllegalState:
+    return IllegalState(message)
 
 
 def plan_replay(
