@@ -13,17 +13,12 @@ import enum
 from datetime import datetime
 from typing import Any
 
-from pydantic import ValidationError
-
-from flowx import codec
-from flowx.errors import NonDeterminismError, NonRetryableError, SerialisationError
-from flowx.plan.model import Node, Retry
-
-#: The error code of a flow past its deadline (SPEC §8); its failure row ends it TimedOut.
-DEADLINE_EXCEEDED = "flow.deadline_exceeded"
+from flowx.plan.model import Node
 
 
 class HaltKind(enum.Enum):
+    """Why the run stopped; the first three end the instance, the others only this run."""
+
     #: A node failed for good: the flow fails (compensating first). Payload: node, scope, error.
     FAILED = "failed"
     #: The flow's deadline passed at a boundary (or cut a running step). Payload: node,
@@ -102,28 +97,3 @@ class Halt(Exception):
     @classmethod
     def abort(cls, reason: str) -> Halt:
         return cls(HaltKind.ABORT, reason)
-
-
-def error_payload(exc: BaseException, *, retryable: bool | None = None) -> dict[str, Any]:
-    """The JSON stored as a failed attempt's result."""
-    if retryable is None:
-        retryable = not isinstance(
-            exc, NonRetryableError | SerialisationError | ValidationError | NonDeterminismError
-        )
-    payload: dict[str, Any] = {
-        "type": type(exc).__qualname__,
-        # R9.5: a failure row must be storable even when its message quotes a value that is not.
-        "message": codec.printable(str(exc)[:4000]),
-        "code": getattr(exc, "code", None),
-        "retryable": retryable,
-    }
-    if isinstance(exc, SerialisationError) and exc.path is not None:
-        payload["field"] = codec.printable(exc.path)
-    return payload
-
-
-def exhausted(failures: list[dict[str, Any]], policy: Retry) -> bool:
-    """No attempt left: the last failure was not retryable, or the budget is spent."""
-    return bool(failures) and (
-        not failures[-1].get("retryable", True) or len(failures) >= policy.attempts
-    )

@@ -22,10 +22,10 @@ from flowx.stores.records import Outcome, StepRecord, StepWrite
 #: Commit order of a step: ``(0, sequence)`` for a journaled row, ``(1, n)`` for this run's
 #: n-th commit. Compensation runs in reverse of it, which is the order the effects happened
 #: in even when fork branches replay in another interleaving.
-Order = tuple[int, int]
+CommitOrder = tuple[int, int]
 
 
-def journal_order(row: StepRecord) -> Order:
+def journal_order(row: StepRecord) -> CommitOrder:
     """Where a journaled row sits in commit order (before anything this run commits)."""
     return (0, row.sequence)
 
@@ -51,7 +51,7 @@ class Done:
     scope: str
     argument: Any
     result: Any
-    order: Order = (0, 0)
+    order: CommitOrder = (0, 0)
 
 
 def compensation_began(rows: Sequence[StepRecord]) -> bool:

@@ -20,8 +20,9 @@ from pydantic import BaseModel
 
 from flowx import codec
 from flowx.capability import Capability, CapabilityRegistry, default_registry
-from flowx.engine.context import StepContext
-from flowx.engine.halt import Halt, error_payload
+from flowx.engine.context import StepAttempt, StepContext
+from flowx.engine.failures import error_payload
+from flowx.engine.halt import Halt
 from flowx.engine.history import Attempts, Done, History, journal_order
 from flowx.engine.ports import RunPorts
 from flowx.engine.spec import RunSpec
@@ -290,7 +291,7 @@ class Run:
         return item if has_item else self.input
 
     def context(self, node: Node, scope: str, attempt: int, **kw: Any) -> StepContext:
-        return StepContext(
+        where = StepAttempt(
             instance_id=self.instance_id,
             flow_id=self.plan.flow_id,
             flow_version=self.plan.version,
@@ -298,9 +299,8 @@ class Run:
             step_id=node.step_id,
             step_name=node.name,
             attempt=attempt,
-            clock=self.clock,
-            **kw,
         )
+        return StepContext(where, self.clock, **kw)
 
     # -- policy at a boundary --------------------------------------------------------------
 

@@ -24,7 +24,8 @@ from datetime import datetime
 from typing import Any, Literal
 
 from flowx import codec
-from flowx.engine.halt import DEADLINE_EXCEEDED, ENDING, Halt, HaltKind, error_payload
+from flowx.engine.failures import DEADLINE_EXCEEDED, error_payload
+from flowx.engine.halt import ENDING, Halt, HaltKind
 from flowx.engine.nodes import children, steps, waits
 from flowx.engine.nodes.children import child_instance_id
 from flowx.engine.ports import Committer, RunPorts, WaitPort

@@ -16,8 +16,9 @@ from typing import Any, TypeVar
 
 from flowx import codec
 from flowx.capability import Capability
-from flowx.engine.halt import Halt, error_payload, exhausted
-from flowx.engine.history import Done, Order
+from flowx.engine.failures import error_payload, exhausted
+from flowx.engine.halt import Halt
+from flowx.engine.history import CommitOrder, Done
 from flowx.engine.nodes.children import ChildUndo, child_instance_id
 from flowx.engine.run import EVENT_NAMESPACE, Run
 from flowx.engine.timeouts import invoke_bounded
@@ -41,8 +42,8 @@ def compensable(node: StepNode | SubFlowNode) -> bool:
     )
 
 
-def compensation_order(done: Iterable[T], order: Callable[[T], Order]) -> list[T]:
-    """Newest effect first: the reverse of commit order (``history.Order``)."""
+def compensation_order(done: Iterable[T], order: Callable[[T], CommitOrder]) -> list[T]:
+    """Newest effect first: the reverse of commit order (``history.CommitOrder``)."""
     return sorted(done, key=order, reverse=True)
 
 

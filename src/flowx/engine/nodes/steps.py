@@ -17,7 +17,8 @@ from pydantic import ValidationError
 
 from flowx import codec
 from flowx.capability import Capability
-from flowx.engine.halt import Halt, HaltKind, error_payload, exhausted
+from flowx.engine.failures import error_payload, exhausted
+from flowx.engine.halt import Halt, HaltKind
 from flowx.engine.history import Attempts
 from flowx.engine.run import EVENT_NAMESPACE, Run
 from flowx.engine.timeouts import DeadlineReached, attempt_limit, invoke_bounded
@@ -56,7 +57,7 @@ async def step(run: Run, node: StepNode, scope: str, item: Any, has_item: bool) 
         run.forward(node, scope)
     if run.poisoned:
         await _poison(run, node, scope, cap, a.last_attempt + 1)
-    return await _attempts(run, node, scope, argument, cap, policy, failures, a)
+    return await _call_until_done(run, node, scope, argument, cap, policy, failures, a)
 
 
 async def _argument(
@@ -108,7 +109,7 @@ async def _poison(run: Run, node: StepNode, scope: str, cap: Capability, attempt
     raise Halt.failed(node, scope, error)
 
 
-async def _attempts(
+async def _call_until_done(
     run: Run,
     node: StepNode,
     scope: str,
