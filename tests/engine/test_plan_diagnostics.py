@@ -205,3 +205,50 @@ def test_a_string_reference_resolves_the_highest_matching_version() -> None:
     assert plan.body[0].capability.version == "1.10.0"  # type: ignore[attr-defined]
     plan = base().step("diag.versioned", version="1.2").build()
     assert plan.body[0].capability.version == "1.2.0"  # type: ignore[attr-defined]
+
+
+def test_an_empty_loop_body_or_branch_is_FLOWX1010() -> None:
+    assert code_of(lambda: base().for_each("each", lambda i, s: [1], lambda b: b).build()) == (
+        "FLOWX1010"
+    )
+    assert code_of(lambda: base().fork("f", lambda b: b.step(one), lambda b: b).build()) == (
+        "FLOWX1010"
+    )
+    no_branch = base().await_signal("go", Inp, timeout="1h", on_timeout=lambda b: b)
+    assert code_of(no_branch.build) == "FLOWX1010"
+
+
+def test_a_sub_flow_of_something_that_is_not_a_built_plan_is_FLOWX1012() -> None:
+    unbuilt = flowx.flow("diag.child", version="1", input=Inp).step(one)
+    assert code_of(lambda: base().sub_flow(unbuilt, lambda i, s: i).build()) == "FLOWX1012"  # type: ignore[arg-type]
+
+
+def test_a_selector_that_is_not_callable_is_FLOWX1016_and_names_the_option() -> None:
+    child = flowx.flow("diag.child", version="1", input=Inp).step(one).build()
+    cases = {
+        "argument=": lambda: base().step(one, argument=5),  # type: ignore[arg-type]
+        "items": lambda: base().for_each("each", 5, lambda b: b.step(one)),  # type: ignore[arg-type]
+        "build": lambda: base().emit(Happened, 5),  # type: ignore[arg-type]
+        "partition_key=": lambda: base().emit(Happened, lambda i, s: 1, partition_key=5),  # type: ignore[arg-type]
+        "input": lambda: base().sub_flow(child, 5),  # type: ignore[arg-type]
+    }
+    for option, builder in cases.items():
+        with pytest.raises(flowx.PlanError) as err:
+            builder().build()
+        assert err.value.code == "FLOWX1016"
+        assert f"{option} must be a function" in err.value.message
+
+
+def test_a_duplicate_name_inside_a_loop_names_both_step_ids() -> None:
+    # The loop claims its id (2) before its body, so the repeated step is step 3.
+    with pytest.raises(flowx.PlanError) as err:
+        base().step(one).for_each("each", lambda i, s: [1], lambda b: b.step(one)).build()
+    assert err.value.code == "FLOWX1003"
+    assert "used by step 1 and again by step 3" in err.value.message
+
+
+def test_every_node_kind_the_builder_records_has_a_compile_function() -> None:
+    from flowx.plan.compile import COMPILERS
+    from flowx.plan.drafts import NodeDraft
+
+    assert set(COMPILERS) == set(NodeDraft.__subclasses__())

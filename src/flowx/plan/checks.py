@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from datetime import timedelta
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 from flowx.durations import parse_duration
 from flowx.errors import PlanError
@@ -98,60 +98,12 @@ def capped_delay(initial: timedelta, cap: timedelta, multiplier: float, failures
         return most
 
 
-class _Draft(Protocol):
-    kind: str
-    name: str | None
-    args: dict[str, Any]
-    bodies: list[list[Any]]
-
-
-def check_drafts(flow_id: object, version: object, drafts: list[Any]) -> None:
-    """Check a flow's id, version and every node's name and retry policy before the plan is
-    compiled, so a bad argument is named rather than met as a ``TypeError`` there."""
-    check_name(flow_id, "the flow id")
-    if not isinstance(version, str) or name_problem(version) is not None:
-        raise PlanArgumentError(
-            "FLOWX1014",
-            f"flow {shown(flow_id)}: version {shown(version)} must look like '1', '1.2' or "
-            "'1.2.3'",
-            flow_id=str(flow_id),
-        )
-    _walk(str(flow_id), drafts)
-
-
-def _walk(flow_id: str, drafts: list[_Draft]) -> None:
-    from flowx.plan.model import Retry  # model imports this module
-
-    for d in drafts:
-        a = d.args
-        if d.kind == "await_signal":
-            signal = a["signal"]
-            if isinstance(signal, str) and signal:  # FLOWX1023 covers the rest
-                check_name(signal, "signal name", flow_id)
-            if d.name is not signal:
-                check_name(d.name, f"await_signal {shown(signal)} name=", flow_id)
-        elif d.name is not None or d.kind in ("for_each", "fork"):
-            check_name(d.name, f"{d.kind} name=", flow_id)
-        for key in ("retry", "compensate_retry"):
-            policy = a.get(key)
-            if policy is not None and not isinstance(policy, Retry):
-                raise PlanArgumentError(
-                    BAD_RETRY,
-                    f"flow {shown(flow_id)}: {d.kind} {shown(d.name)} has {key}="
-                    f"{shown(policy)}; pass flowx.Retry(attempts=..., ...)",
-                    flow_id=flow_id,
-                )
-        for body in d.bodies:
-            _walk(flow_id, body)
-
-
 __all__ = [
     "BAD_NAME",
     "BAD_RETRY",
     "MAX_NAME_LENGTH",
     "PlanArgumentError",
     "capped_delay",
-    "check_drafts",
     "check_name",
     "check_retry",
     "name_problem",
