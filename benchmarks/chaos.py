@@ -72,9 +72,42 @@ def full_plan() -> list[RigConfig]:
     return plan
 
 
-def quick_plan() -> list[RigConfig]:
-    from tests.chaos.test_chaos import CI_ARMS
+#: Every arm at CI size: what ``tests/chaos`` runs (``--quick --only ARM``), one arm a test.
+CI_ARMS = {
+    "kill_after_effect": RigConfig(arm="kill_after_effect", flows=500, faults=3),
+    "kill_after_commit": RigConfig(arm="kill_after_commit", flows=500, faults=3),
+    # Each fault here lasts a TTL or more: a slower feed keeps work in flight throughout.
+    "zombie": RigConfig(arm="zombie", flows=400, faults=2, rate=40),
+    "kill_during_takeover": RigConfig(arm="kill_during_takeover", flows=400, faults=2, rate=40),
+    "postgres_restart": RigConfig(arm="postgres_restart", flows=500, faults=1),
+    # Slower steps, so instances are mid-flight when Redis goes away for a whole TTL: their
+    # leases run out, they abort, and are taken again from a Redis that forgot every counter.
+    "redis_restart": RigConfig(
+        arm="redis_restart", flows=500, faults=2, redis_leases=True, work_ms=(150, 300)
+    ),
+    # A long TTL, so "resumed within one TTL" can only come from the hand-back (R7.2). A
+    # slower feed, so a SIGTERM always finds instances in flight to hand back: at full speed
+    # the 500 flows can all be done before the second one lands, leaving nothing to measure.
+    "sigterm_drain": RigConfig(arm="sigterm_drain", flows=500, faults=2, ttl=20.0, rate=40),
+    # Issue 12 item 1: a step's COMMIT runs on the server and its reply never comes back.
+    "commit_no_reply": RigConfig(arm="commit_no_reply", flows=400, faults=2, rate=40),
+    # Item 2: one worker's clock TTL/2 ahead, one TTL/2 behind; kills aimed at those two.
+    "clock_skew": RigConfig(
+        arm="clock_skew", flows=400, faults=2, ttl=4.0, rate=40, skews=(2.0, -2.0, 0.0)
+    ),
+    # Item 3: Redis leases gone for 3 x TTL while steps outlast a renewal interval.
+    "lease_store_outage": RigConfig(
+        arm="lease_store_outage",
+        flows=300,
+        faults=1,
+        rate=40,
+        redis_leases=True,
+        work_ms=(1200, 1500),
+    ),
+}
 
+
+def quick_plan() -> list[RigConfig]:
     return list(CI_ARMS.values())
 
 
@@ -171,6 +204,7 @@ async def main() -> None:
             finally:
                 rig.cleanup()
             result["invariants"] = invariants(result)
+            result["faults_planned"] = cfg.faults  # what tests/chaos checks were all injected
             rows = [
                 r for r in rows if (r["arm"], float(r["lease_ttl_s"])) != (cfg.arm, float(cfg.ttl))
             ]

@@ -4,13 +4,16 @@ A flow is a plan of steps; each step calls a versioned capability. A Durable flo
 every step boundary, under a fenced lease that makes one node its only writer; when a node
 dies, another node's recovery scan finishes its instances from the last commit.
 
-Everything a user needs is importable from here; ``__all__`` is the contract.
+Everything a user needs is importable from here; ``__all__`` is the contract, and every name
+in it is documented (``tests/test_public_api.py``). What a host or a store builds for itself
+(``DurableLease``, ``TimerService``, ``RunResult``, the stores' ``FencedOut``,
+``DuplicateStep``, ``LeaseLost``) is importable from its own module and not promised here.
 """
 
 from flowx import metrics
 from flowx.capability import Capability, CapabilityRegistry, capability
 from flowx.clock import Clock, SystemClock
-from flowx.engine import CompensationAlert, RunResult, StepContext
+from flowx.engine import CompensationAlert, StepContext
 from flowx.errors import (
     CapabilityNotFound,
     DurabilityNotConfigured,
@@ -28,7 +31,6 @@ from flowx.errors import (
 )
 from flowx.hosting import (
     AlertSink,
-    DurableLease,
     FlowHandle,
     FlowHost,
     HostSettings,
@@ -36,7 +38,6 @@ from flowx.hosting import (
     RecordingAlertSink,
     RecoveryScanResult,
     ReplayPlan,
-    TimerService,
     from_url,
     memory,
     postgres,
@@ -57,11 +58,8 @@ from flowx.outbox import (
 )
 from flowx.plan import Durable, Ephemeral, Plan, Profile, Retry, event, flow
 from flowx.stores.errors import (
-    DuplicateStep,
-    FencedOut,
     InstanceFinished,
     JournalUnavailable,
-    LeaseLost,
     LeaseUnavailable,
     NotAFlowXStore,
     SchemaTooNew,
@@ -80,14 +78,11 @@ __all__ = [
     "CapabilityRegistry",
     "Clock",
     "CompensationAlert",
-    "DuplicateStep",
     "DurabilityNotConfigured",
     "Durable",
-    "DurableLease",
     "Ephemeral",
     "EventPublisher",
     "FanOutPublisher",
-    "FencedOut",
     "FlowFailed",
     "FlowHandle",
     "FlowHost",
@@ -100,7 +95,6 @@ __all__ = [
     "InstanceNotFound",
     "InstanceState",
     "JournalUnavailable",
-    "LeaseLost",
     "LeaseUnavailable",
     "LoggingAlertSink",
     "NatsJetStreamPublisher",
@@ -121,7 +115,6 @@ __all__ = [
     "RedisStreamsPublisher",
     "ReplayPlan",
     "Retry",
-    "RunResult",
     "SchemaTooNew",
     "SerialisationError",
     "SettingsError",
@@ -129,7 +122,6 @@ __all__ = [
     "StepContext",
     "StoreError",
     "SystemClock",
-    "TimerService",
     "__version__",
     "capability",
     "event",

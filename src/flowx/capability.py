@@ -45,6 +45,7 @@ class Capability:
 
     @property
     def ref(self) -> str:
+        """``id@version``: how plans, the journal and ``flowx`` commands name this capability."""
         return f"{self.id}@{self.version}"
 
     async def invoke(self, ctx: Any, argument: Any, executor: Executor | None = None) -> Any:
@@ -70,6 +71,8 @@ class CapabilityRegistry:
         self._by_id: dict[str, dict[str, Capability]] = {}
 
     def register(self, cap: Capability) -> None:
+        """Make ``cap`` resolvable by plans; re-registering the same function is harmless,
+        a different function under the same id and version is refused."""
         versions = self._by_id.setdefault(cap.id, {})
         existing = versions.get(cap.version)
         if existing is not None and existing.fn is not cap.fn:
@@ -109,6 +112,7 @@ class CapabilityRegistry:
         return versions[max(matching, key=_version_key)]
 
     def all(self) -> list[Capability]:
+        """Every registered capability, every version: what a worker can serve."""
         return [c for versions in self._by_id.values() for c in versions.values()]
 
 

@@ -26,6 +26,7 @@ class FlowXError(Exception):
 
     @property
     def message(self) -> str:
+        """The human-readable message, without the code: what to show a user or log."""
         return str(self.args[0]) if self.args else ""
 
 

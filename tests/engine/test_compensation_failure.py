@@ -3,7 +3,6 @@ replay that re-runs it once the fault is fixed (SPEC §8, "Flow constructs")."""
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any
 
 import pytest
@@ -11,21 +10,12 @@ from pydantic import BaseModel
 
 import flowx
 from flowx.hosting.alerts import RecordingAlertSink
-from flowx.stores.records import InstanceState, Outcome, StepRecord
+from flowx.stores.records import InstanceState, Outcome
+from tests.engine.kit import Ledger, Order, failure_of, reservation, rows_of
+from tests.engine.kit import fresh_ledgers as _reset  # noqa: F401 - autouse
 
-calls: Counter[str] = Counter()
-broken: set[str] = set()
-
-
-@pytest.fixture(autouse=True)
-def _reset() -> None:
-    calls.clear()
-    broken.clear()
-
-
-class Order(BaseModel):
-    order_id: str
-    tenant: str = "acme"
+ledger = Ledger("saga")
+calls, broken = ledger.calls, ledger.broken
 
 
 class OrderState(BaseModel):
@@ -33,38 +23,13 @@ class OrderState(BaseModel):
     receipt: str | None = None
 
 
-@flowx.capability("saga.reserve", version="1.0.0")
-async def reserve(ctx: flowx.StepContext, order: Order) -> str:
-    calls["reserve"] += 1
-    return f"R-{order.order_id}"
-
-
-@flowx.capability("saga.release", version="1.0.0")
-async def release(ctx: flowx.StepContext, order: Order) -> None:
-    calls["release"] += 1
-    if "release" in broken:
-        raise RuntimeError("inventory service refused the release")
-
-
-@flowx.capability("saga.capture", version="1.0.0")
-async def capture(ctx: flowx.StepContext, order: Order) -> str:
-    calls["capture"] += 1
-    if "capture" in broken:
-        raise RuntimeError("card declined by the gateway")
-    return "P-1"
-
-
-@flowx.capability("saga.refund", version="1.0.0")
-async def refund(ctx: flowx.StepContext, order: Order) -> None:
-    calls["refund"] += 1
-
-
-@flowx.capability("saga.notify", version="1.0.0")
-async def notify(ctx: flowx.StepContext, order: Order) -> str:
-    calls["notify"] += 1
-    if "notify" in broken:
-        raise RuntimeError("mail relay down")
-    return "sent"
+reserve = ledger.capability("reserve", returns=reservation)
+release = ledger.undo("release", fails_with="inventory service refused the release")
+capture = ledger.capability(
+    "capture", returns=lambda _: "P-1", fails_with="card declined by the gateway"
+)
+refund = ledger.undo("refund")
+notify = ledger.capability("notify", returns=lambda _: "sent", fails_with="mail relay down")
 
 
 COMP = flowx.Retry(attempts=3, backoff="fixed", initial="1s")
@@ -85,20 +50,14 @@ def saga() -> flowx.Plan:
     )
 
 
-async def rows_of(host: flowx.FlowHost, iid: str) -> list[StepRecord]:
-    assert host.store is not None
-    return list(await host.store.journal.steps(iid))
-
-
 async def failed_saga(host_factory: Any) -> tuple[flowx.FlowHost, str, RecordingAlertSink]:
     sink = RecordingAlertSink()
     plan = saga()
     host = await host_factory(plan, alerts=sink)
     broken.update({"capture", "release"})
     handle = await host.start(plan, Order(order_id="c1"))
-    with pytest.raises(flowx.FlowFailed) as failed:
-        await handle.result(timeout=5)
-    assert failed.value.state == "CompensationFailed"
+    failed = await failure_of(handle, timeout=5)
+    assert failed.state == "CompensationFailed"
     return host, handle.instance_id, sink
 
 
@@ -201,8 +160,7 @@ async def test_a_failed_step_with_no_compensation_begun_replays_forward(
     host = await host_factory(plan)
     broken.add("notify")
     handle = await host.start(plan, Order(order_id="f1"))
-    with pytest.raises(flowx.FlowFailed):
-        await handle.result(timeout=5)
+    await failure_of(handle, timeout=5)
     broken.clear()
     target = await host.replay(handle.instance_id, "saga.notify")
     assert target.mode == "forward" and target.reruns == ("saga.notify",)

@@ -13,23 +13,23 @@ from pydantic import BaseModel
 import flowx
 from flowx import codec
 from flowx.engine import Execution, RunPorts, RunSpec
+from flowx.stores.errors import FencedOut
 from flowx.stores.records import InstanceState, Outcome, StepRecord
+from tests.engine import kit
+from tests.engine.kit import Ledger, failure_of
+from tests.engine.kit import fresh_ledgers as _reset  # noqa: F401 - autouse
+from tests.engine.kit import rows_of as steps_of
 
-calls: Counter[str] = Counter()
-behaviour: dict[str, Any] = {}
+ledger = Ledger("ex")
+calls = ledger.calls
+#: Per capability name: fail the first N calls (an int) or every call ("always"); and what the
+#: capabilities recorded (``released``, ``capture_keys``, ``order``, ``uuids``).
+behaviour: dict[str, Any] = ledger.also_clears({})
 
 
-@pytest.fixture(autouse=True)
-def _reset() -> None:
-    calls.clear()
-    behaviour.clear()
-
-
-class Order(BaseModel):
-    order_id: str
+class Order(kit.Order):
     amount: int = 10
     lines: list[int] = [1, 2, 3]
-    tenant: str = "acme"
 
 
 class OrderState(BaseModel):
@@ -122,11 +122,6 @@ def order_flow(**kw: Any) -> flowx.Plan:
     )
 
 
-async def steps_of(host: flowx.FlowHost, iid: str) -> list[StepRecord]:
-    assert host.store is not None
-    return list(await host.store.journal.steps(iid))
-
-
 async def test_a_durable_flow_commits_each_step_and_completes(host_factory: Any) -> None:
     plan = order_flow()
     host = await host_factory(plan)
@@ -181,11 +176,10 @@ async def test_a_non_idempotent_capability_is_never_retried(host_factory: Any) -
     plan = order_flow()
     host = await host_factory(plan)
     handle = await host.start(plan, Order(order_id="o4"))
-    with pytest.raises(flowx.FlowFailed) as failed:
-        await handle.result()
+    failed = await failure_of(handle)
     assert calls["capture"] == 1  # R4.2
-    assert failed.value.state == "Failed"
-    assert failed.value.error["step"] == "ex.capture"
+    assert failed.state == "Failed"
+    assert failed.error["step"] == "ex.capture"
 
 
 async def test_a_failure_compensates_completed_steps_in_reverse(host_factory: Any) -> None:
@@ -202,8 +196,7 @@ async def test_a_failure_compensates_completed_steps_in_reverse(host_factory: An
     )
     host = await host_factory(plan)
     handle = await host.start(plan, Order(order_id="o5"))
-    with pytest.raises(flowx.FlowFailed):
-        await handle.result()
+    await failure_of(handle)
     rows = await steps_of(host, handle.instance_id)
     assert [(r.step_id, r.attempt, r.outcome) for r in rows] == [
         (1, 1, Outcome.SUCCESS),
@@ -237,9 +230,8 @@ async def test_a_compensation_is_retried_and_exhaustion_is_compensation_failed(
     )
     host = await host_factory(plan)
     handle = await host.start(plan, Order(order_id="o6"))
-    with pytest.raises(flowx.FlowFailed) as failed:
-        await handle.result()
-    assert failed.value.state == "CompensationFailed"
+    failed = await failure_of(handle)
+    assert failed.state == "CompensationFailed"
     rows = await steps_of(host, handle.instance_id)
     comp = [(r.attempt, r.outcome) for r in rows if r.step_id == 1]
     assert comp == [(1, Outcome.SUCCESS)] + [(n, Outcome.COMPENSATION_FAILURE) for n in (2, 3, 4)]
@@ -250,11 +242,10 @@ async def test_an_unserialisable_result_fails_the_step_without_retrying(host_fac
     plan = flowx.flow("ex.nan", version="1", input=Order).step(bad_result).build()
     host = await host_factory(plan)
     handle = await host.start(plan, Order(order_id="o7"))
-    with pytest.raises(flowx.FlowFailed) as failed:
-        await handle.result()
+    failed = await failure_of(handle)
     # R9.5: a result the journal cannot store fails its own step with this code, naming it.
-    assert failed.value.error["code"] == "step.result_unstorable"
-    assert "NaN" in failed.value.error["message"]
+    assert failed.error["code"] == "step.result_unstorable"
+    assert "NaN" in failed.error["message"]
     assert calls["bad_result"] == 1
 
 
@@ -275,10 +266,9 @@ async def test_a_result_that_does_not_fit_its_state_field_is_a_clear_failure(
     )
     host = await host_factory(plan)
     handle = await host.start(plan, Order(order_id="o8"))
-    with pytest.raises(flowx.FlowFailed) as failed:
-        await handle.result()
-    assert failed.value.error["code"] == "step.result_invalid"
-    assert "'count'" in failed.value.error["message"]
+    failed = await failure_of(handle)
+    assert failed.error["code"] == "step.result_invalid"
+    assert "'count'" in failed.error["message"]
 
 
 async def test_for_each_runs_each_element_in_its_own_scope(host_factory: Any) -> None:
@@ -473,7 +463,7 @@ async def test_a_fenced_out_commit_aborts_without_compensating(clock: Any) -> No
         async def __call__(self, **kw: Any) -> None:
             self.n += 1
             if self.n == 2:  # the capture failure's commit is refused
-                raise flowx.FencedOut("x", 1, 2)
+                raise FencedOut("x", 1, 2)
 
     result = await _execution(
         order_flow(),

@@ -5,31 +5,26 @@ that a version nobody carries must not fill (R7.3)."""
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
 from typing import Any
 
-import pytest
 from pydantic import BaseModel
 
 import flowx
 from flowx.engine import Execution, RunPorts, RunSpec
 from flowx.engine.runner import child_instance_id
 from flowx.stores.errors import LeaseLost
-from flowx.stores.records import InstanceState, Outcome, StepRecord
+from flowx.stores.records import InstanceState, Outcome
 from flowx.testing import FakeClock
+from tests.engine import kit
+from tests.engine.kit import Ledger, failure_of, rows_of, until_state
+from tests.engine.kit import fresh_ledgers as _reset  # noqa: F401 - autouse
+from tests.support.polling import until
 
-calls: Counter[str] = Counter()
-broken: set[str] = set()
-
-
-@pytest.fixture(autouse=True)
-def _reset() -> None:
-    calls.clear()
-    broken.clear()
+ledger = Ledger("edge")
+calls, broken = ledger.calls, ledger.broken
 
 
-class Order(BaseModel):
-    order_id: str
+class Order(kit.Order):
     box: dict[str, int] = {}
 
 
@@ -45,39 +40,19 @@ class OrderState(BaseModel):
     s2: str | None = None
 
 
-def _cap(name: str, *, delay: float = 0.0, non_retryable: bool = False) -> flowx.Capability:
-    async def run(ctx: flowx.StepContext, order: Any) -> str:
-        calls[name] += 1
-        if delay:
-            await asyncio.sleep(delay)
-        if name in broken:
-            if non_retryable:
-                raise flowx.NonRetryableError(f"{name} refused")
-            raise RuntimeError(f"{name} is down")
-        return f"{name}-done"
-
-    run.__name__ = name
-    return flowx.capability(f"edge.{name}", version="1.0.0")(run)
-
-
-reserve = _cap("reserve")
-release = _cap("release")
-s1 = _cap("s1", delay=0.05)
-u1 = _cap("u1")
-s2 = _cap("s2")
-fail_now = _cap("f", non_retryable=True)
-flaky = _cap("flaky", delay=0.02)
-slow_fail = _cap("slow_fail", delay=0.07, non_retryable=True)
-ship = _cap("ship")
-unship = _cap("unship")
-charge = _cap("charge", non_retryable=True)
+reserve = ledger.capability("reserve")
+release = ledger.capability("release")
+s1 = ledger.capability("s1", delay=0.05)
+u1 = ledger.capability("u1")
+s2 = ledger.capability("s2")
+fail_now = ledger.capability("f", non_retryable=True)
+flaky = ledger.capability("flaky", delay=0.02)
+slow_fail = ledger.capability("slow_fail", delay=0.07, non_retryable=True)
+ship = ledger.capability("ship")
+unship = ledger.capability("unship")
+charge = ledger.capability("charge", non_retryable=True)
 
 ONCE = flowx.Retry(attempts=1, backoff="none")
-
-
-async def rows_of(host: flowx.FlowHost, iid: str) -> list[StepRecord]:
-    assert host.store is not None
-    return list(await host.store.journal.steps(iid))
 
 
 async def test_a_replayed_fork_runs_nothing_forward_once_compensation_has_begun(
@@ -96,8 +71,7 @@ async def test_a_replayed_fork_runs_nothing_forward_once_compensation_has_begun(
     host = await host_factory(plan)
     broken.update({"f", "release"})
     handle = await host.start(plan, Order(order_id="e1"))
-    with pytest.raises(flowx.FlowFailed):
-        await handle.result(timeout=5)
+    await failure_of(handle, timeout=5)
     assert calls["s2"] == 0  # halted at its boundary by the sibling's failure
     broken.discard("release")
     dry = await host.replay(handle.instance_id, "edge.reserve", dry_run=True)
@@ -123,9 +97,8 @@ async def test_a_failing_branch_stops_a_sibling_between_its_retries(host_factory
     host = await host_factory(plan)
     broken.update({"flaky", "slow_fail"})
     handle = await host.start(plan, Order(order_id="e2"))
-    with pytest.raises(flowx.FlowFailed) as failed:
-        await handle.result(timeout=10)
-    assert failed.value.error["step"] == "edge.slow_fail"
+    failed = await failure_of(handle, timeout=10)
+    assert failed.error["step"] == "edge.slow_fail"
     assert 1 <= calls["flaky"] < 10  # ~0.07 s / 0.02 s per try, far short of 50
 
 
@@ -165,24 +138,31 @@ async def test_a_node_that_lost_its_lease_does_not_run_the_compensation(clock: F
     assert calls["reserve"] == 1 and calls["release"] == 0
 
 
-async def test_a_completed_child_is_undone_when_its_parent_fails_later(host_factory: Any) -> None:
+def reserve_ship_then(
+    child_id: str, parent_id: str, ship_with: flowx.Capability, last: flowx.Capability, **kw: Any
+) -> flowx.Plan:
+    """A parent (deadline 1 h) that reserves, ships in a child flow (undone by ``unship``),
+    then runs ``last``: one that can fail or time out after its child has completed."""
     child = (
-        flowx.flow("edge.child", version="1", input=Order, state=OrderState)
-        .step(ship, into="s1", compensate=unship)
+        flowx.flow(child_id, version="1", input=Order, state=OrderState)
+        .step(ship_with, into="s1", compensate=unship)
         .build()
     )
-    parent = (
-        flowx.flow("edge.parent", version="1", input=Order, state=OrderState, deadline="1h")
+    return (
+        flowx.flow(parent_id, version="1", input=Order, state=OrderState, deadline="1h")
         .step(reserve, into="reservation", compensate=release)
         .sub_flow(child, lambda o, s: o, into="shipped")
-        .step(charge)
+        .step(last, **kw)
         .build()
     )
+
+
+async def test_a_completed_child_is_undone_when_its_parent_fails_later(host_factory: Any) -> None:
+    parent = reserve_ship_then("edge.child", "edge.parent", ship, charge)
     host = await host_factory(parent)
     broken.add("charge")
     handle = await host.start(parent, Order(order_id="e4"))
-    with pytest.raises(flowx.FlowFailed):
-        await handle.result(timeout=5)
+    await failure_of(handle, timeout=5)
     assert calls["unship"] == 1 and calls["release"] == 1
     child_id = child_instance_id(handle.instance_id, "", 2)
     record = await host.get(child_id)
@@ -217,9 +197,8 @@ async def test_a_child_that_cannot_be_undone_fails_the_parents_compensation(
     host = await host_factory(parent, alerts=sink)
     broken.update({"charge", "unship"})
     handle = await host.start(parent, Order(order_id="e5"))
-    with pytest.raises(flowx.FlowFailed) as failed:
-        await handle.result(timeout=5)
-    assert failed.value.state == "CompensationFailed"
+    failed = await failure_of(handle, timeout=5)
+    assert failed.state == "CompensationFailed"
     child_id = child_instance_id(handle.instance_id, "", 1)
     assert (await host.get(child_id)).state is InstanceState.COMPENSATION_FAILED
     # One alert for each instance that ran out: the child's own, and its parent's.
@@ -259,25 +238,26 @@ async def test_a_selector_that_raises_fails_the_flow_instead_of_leaving_it_runni
         (collect, "for_each.result_invalid"),
     ):
         handle = await host.start(flow, Order(order_id=flow.flow_id))
-        with pytest.raises(flowx.FlowFailed) as failed:
-            await handle.result(timeout=5)
-        assert failed.value.state == "Failed"
-        assert failed.value.error["code"] == code
+        failed = await failure_of(handle, timeout=5)
+        assert failed.state == "Failed"
+        assert failed.error["code"] == code
     assert calls["release"] == 3
+
+
+def sleeper(flow_id: str, version: str) -> flowx.Plan:
+    """A flow that naps a minute, then ships: due on the timer page after ``advance``."""
+    return (
+        flowx.flow(flow_id, version=version, input=Order, state=OrderState)
+        .sleep("1m", name="nap")
+        .step(ship, into="s1")
+        .build()
+    )
 
 
 async def test_due_instances_of_a_version_nobody_here_carries_do_not_starve_the_rest(
     host_factory: Any, clock: FakeClock
 ) -> None:
-    def sleeper(version: str) -> flowx.Plan:
-        return (
-            flowx.flow("edge.nap", version=version, input=Order, state=OrderState)
-            .sleep("1m", name="nap")
-            .step(ship, into="s1")
-            .build()
-        )
-
-    old, new = sleeper("1"), sleeper("2")
+    old, new = sleeper("edge.nap", "1"), sleeper("edge.nap", "2")
     both = await host_factory(old, new)
     for n in range(3):
         await both.start(old, Order(order_id=f"old-{n}"))
@@ -298,15 +278,7 @@ async def test_due_instances_of_a_version_nobody_here_carries_do_not_starve_the_
 async def test_a_timer_loop_facing_only_other_versions_due_rows_does_not_spin(
     host_factory: Any, clock: FakeClock
 ) -> None:
-    def sleeper(version: str) -> flowx.Plan:
-        return (
-            flowx.flow("edge.nap2", version=version, input=Order, state=OrderState)
-            .sleep("1m", name="nap")
-            .step(ship, into="s1")
-            .build()
-        )
-
-    old, new = sleeper("1"), sleeper("2")
+    old, new = sleeper("edge.nap2", "1"), sleeper("edge.nap2", "2")
     first = await host_factory(old, new)
     await first.start(old, Order(order_id="old"))
     await first.wait_idle(timeout=5)
@@ -331,48 +303,26 @@ async def test_a_timer_loop_facing_only_other_versions_due_rows_does_not_spin(
     assert 1 <= sweeps <= 3  # one sweep, then the poll interval (1 s): not a hot loop
 
 
-GATE: dict[str, asyncio.Event] = {}
-
-
-@flowx.capability("edge.slow_ship", version="1.0.0")
-async def slow_ship(ctx: flowx.StepContext, order: Order) -> str:
-    calls["slow_ship"] += 1
-    await GATE["ship"].wait()
-    return "shipped"
+slow_ship = ledger.capability("slow_ship", returns=lambda _: "shipped")
 
 
 async def test_a_child_that_completes_after_its_parents_deadline_is_undone(
     host_factory: Any, clock: FakeClock
 ) -> None:
-    child = (
-        flowx.flow("edge.late-child", version="1", input=Order, state=OrderState)
-        .step(slow_ship, into="s1", compensate=unship)
-        .build()
-    )
-    parent = (
-        flowx.flow("edge.late-parent", version="1", input=Order, state=OrderState, deadline="1h")
-        .step(reserve, into="reservation", compensate=release)
-        .sub_flow(child, lambda o, s: o, into="shipped")
-        .step(s2, into="s2")
-        .build()
-    )
-    GATE["ship"] = asyncio.Event()
+    parent = reserve_ship_then("edge.late-child", "edge.late-parent", slow_ship, s2, into="s2")
+    ledger.gates["slow_ship"] = asyncio.Event()
     host = await host_factory(parent)
     handle = await host.start(parent, Order(order_id="late"))
     # Sealed, and the run that sealed it gone (its lease released): then a sweep can take it.
-    while (
-        await host.get(handle.instance_id)
-    ).state is not InstanceState.SUSPENDED or handle.instance_id in host._tasks:
-        await asyncio.sleep(0.01)
+    await until_state(host, handle.instance_id, InstanceState.SUSPENDED)
     clock.advance(hours=2)  # the child's step is still running past the shared deadline
     assert (await host.timers.run_once()).woken == 1
     await asyncio.sleep(0.05)
     # Woken at its deadline, the parent waits on for the child instead of ending first.
     assert (await host.get(handle.instance_id)).state is InstanceState.SUSPENDED
-    GATE["ship"].set()
-    with pytest.raises(flowx.FlowFailed) as failed:
-        await handle.result(timeout=5)
-    assert failed.value.state == "TimedOut"
+    ledger.gates["slow_ship"].set()
+    failed = await failure_of(handle, timeout=5)
+    assert failed.state == "TimedOut"
     child_record = await host.get(child_instance_id(handle.instance_id, "", 2))
     assert flowx.codec.loads(child_record.error)["code"] == "flow.undone"
     assert calls["unship"] == 1 and calls["release"] == 1 and calls["s2"] == 0
@@ -404,13 +354,13 @@ async def test_a_child_that_times_out_with_its_parent_leaves_the_parent_timed_ou
         sealed = all(r is not None and r.state is InstanceState.SUSPENDED for r in records)
         return sealed and not host._tasks
 
-    while not await both_suspended():
-        await asyncio.sleep(0.01)
+    await until(
+        both_suspended, within=5, what="the parent and its child both suspended", every=0.01
+    )
     clock.advance(hours=2)
     await host.timers.run_once()
-    with pytest.raises(flowx.FlowFailed) as failed:
-        await handle.result(timeout=5)
-    assert failed.value.state == "TimedOut"
+    failed = await failure_of(handle, timeout=5)
+    assert failed.state == "TimedOut"
     assert (await host.get(child_id)).state is InstanceState.TIMED_OUT
     assert calls["unship"] == 1 and calls["release"] == 1
 
@@ -453,9 +403,8 @@ async def test_a_busy_child_is_waited_for_not_counted_as_a_failed_compensation(
     host = await host_factory(parent)
     HELD.update(store=host.store, clock=clock)
     handle = await host.start(parent, Order(order_id="busy"))
-    with pytest.raises(flowx.FlowFailed) as failed:
-        await handle.result(timeout=10)
-    assert failed.value.state == "Failed"  # not CompensationFailed: the lease ran out, then undo
+    failed = await failure_of(handle, timeout=10)
+    assert failed.state == "Failed"  # not CompensationFailed: the lease ran out, then undo
     rows = await rows_of(host, handle.instance_id)
     assert [r.outcome for r in rows if r.outcome is Outcome.COMPENSATION_FAILURE] == []
     assert calls["unship"] == 1

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,20 +21,20 @@ import flowx
 from flowx.engine.timeouts import STEP_TIMED_OUT
 from flowx.metrics import CAPABILITY_THREADS_STUCK
 from flowx.stores.records import Outcome, StepRecord
+from tests.engine.kit import Ledger, rows_of
+from tests.engine.kit import fresh_ledgers as _reset  # noqa: F401 - autouse
 
-timeout_calls: Counter[str] = Counter()
+ledger = Ledger("timeouts")
+timeout_calls = ledger.calls
 #: Attempts (1-based) at which the hanging capabilities hang; others return at once.
-hang_on: set[int] = set()
-cancelled: list[int] = []
+hang_on: set[int] = ledger.also_clears(set())
+cancelled: list[int] = ledger.also_clears([])
 #: Set by the test to let a hung sync capability's thread return.
 released = threading.Event()
 
 
 @pytest.fixture(autouse=True)
 def _reset_timeouts() -> Iterator[None]:
-    timeout_calls.clear()
-    hang_on.clear()
-    cancelled.clear()
     released.clear()
     yield
     released.set()  # never leave a thread behind for the next test
@@ -50,15 +49,8 @@ class JobState(BaseModel):
     out: str | None = None
 
 
-@flowx.capability("timeouts.hold", version="1.0.0")
-async def hold(ctx: flowx.StepContext, job: Job) -> str:
-    timeout_calls["hold"] += 1
-    return f"H-{job.job_id}"
-
-
-@flowx.capability("timeouts.unhold", version="1.0.0")
-async def unhold(ctx: flowx.StepContext, job: Job) -> None:
-    timeout_calls["unhold"] += 1
+hold = ledger.capability("hold", returns=lambda job: f"H-{job.job_id}")
+unhold = ledger.undo("unhold")
 
 
 @flowx.capability("timeouts.hang_async", version="1.0.0")
@@ -95,11 +87,6 @@ def _flow(name: str, target: Any, **kw: Any) -> flowx.FlowBuilder[Job]:
     return flowx.flow(f"timeouts.{name}", version="1", input=Job, state=JobState, **kw)
 
 
-async def _rows(host: flowx.FlowHost, iid: str) -> list[StepRecord]:
-    assert host.store is not None
-    return list(await host.store.journal.steps(iid))
-
-
 def _codes(rows: list[StepRecord], step: str) -> list[str | None]:
     return [
         flowx.codec.loads(r.result).get("code") if r.outcome is Outcome.FAILURE else "ok"
@@ -125,7 +112,7 @@ async def test_hung_async_step_is_cancelled_and_fails_step_timed_out(host_factor
     assert state == "Failed"
     assert error["code"] == STEP_TIMED_OUT
     assert cancelled == [1, 2, 3]  # every attempt was cancelled, not left running
-    rows = await _rows(host, iid)
+    rows = await rows_of(host, iid)
     assert _codes(rows, "timeouts.hang_async") == [STEP_TIMED_OUT] * 3
 
 
@@ -139,7 +126,7 @@ async def test_timed_out_attempt_is_retried_under_its_policy(host_factory: Any) 
     host = await host_factory(plan)
     state, _, iid = await _ended(host, plan, "a2")
     assert state == "Completed"
-    assert _codes(await _rows(host, iid), "timeouts.hang_async") == [STEP_TIMED_OUT, "ok"]
+    assert _codes(await rows_of(host, iid), "timeouts.hang_async") == [STEP_TIMED_OUT, "ok"]
 
 
 async def test_flow_step_timeout_is_the_default_and_a_step_may_override_it(
@@ -161,7 +148,7 @@ async def test_flow_step_timeout_is_the_default_and_a_step_may_override_it(
     host = await host_factory(plan)
     state, _, iid = await _ended(host, plan, "a3")
     assert state == "Completed"
-    assert _codes(await _rows(host, iid), "timeouts.hang_async") == [STEP_TIMED_OUT, "ok"]
+    assert _codes(await rows_of(host, iid), "timeouts.hang_async") == [STEP_TIMED_OUT, "ok"]
 
 
 async def test_non_idempotent_step_that_timed_out_is_not_retried(host_factory: Any) -> None:
@@ -171,7 +158,7 @@ async def test_non_idempotent_step_that_timed_out_is_not_retried(host_factory: A
     assert state == "Failed"
     assert error["code"] == STEP_TIMED_OUT
     assert timeout_calls["hang_once"] == 1
-    assert _codes(await _rows(host, iid), "timeouts.hang_once") == [STEP_TIMED_OUT]
+    assert _codes(await rows_of(host, iid), "timeouts.hang_once") == [STEP_TIMED_OUT]
 
 
 async def test_flow_deadline_cancels_the_running_step_and_compensates(host_factory: Any) -> None:
@@ -189,7 +176,7 @@ async def test_flow_deadline_cancels_the_running_step_and_compensates(host_facto
     assert "while step" in error["message"]
     assert cancelled == [1]  # cut, and not retried: the flow is over
     assert timeout_calls["unhold"] == 1
-    rows = await _rows(host, iid)
+    rows = await rows_of(host, iid)
     assert _codes(rows, "timeouts.hang_async") == ["flow.deadline_exceeded"]
     assert [r.step_name for r in rows if r.outcome is Outcome.COMPENSATED] == ["timeouts.hold"]
 
@@ -204,7 +191,7 @@ async def test_step_timeout_shorter_than_the_deadline_still_retries(host_factory
     host = await host_factory(plan)
     state, _, iid = await _ended(host, plan, "d2")
     assert state == "Completed"
-    assert _codes(await _rows(host, iid), "timeouts.hang_async") == [STEP_TIMED_OUT, "ok"]
+    assert _codes(await rows_of(host, iid), "timeouts.hang_async") == [STEP_TIMED_OUT, "ok"]
 
 
 def _wait_stuck_at_most(host: flowx.FlowHost, count: int) -> bool:
@@ -226,7 +213,7 @@ async def test_hung_sync_step_is_abandoned_counted_and_uncounted_when_it_returns
     state, error, iid = await _ended(host, plan, "s1")
     assert state == "Failed"
     assert error["code"] == STEP_TIMED_OUT
-    assert _codes(await _rows(host, iid), "timeouts.hang_sync") == [STEP_TIMED_OUT]
+    assert _codes(await rows_of(host, iid), "timeouts.hang_sync") == [STEP_TIMED_OUT]
     assert host.stuck_threads == 1
     assert CAPABILITY_THREADS_STUCK.get(host.node_id) == 1
     released.set()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
 from typing import Any
 
 import pytest
@@ -12,26 +11,17 @@ from pydantic import BaseModel
 import flowx
 from flowx.engine.runner import child_instance_id
 from flowx.stores.protocols import InstanceQuery
-from flowx.stores.records import InstanceState, Outcome, StepRecord
+from flowx.stores.records import InstanceState, Outcome
+from tests.engine import kit
+from tests.engine.kit import Ledger, failure_of, reservation, rows_of, until_state
+from tests.engine.kit import fresh_ledgers as _reset  # noqa: F401 - autouse
 
-calls: Counter[str] = Counter()
-gates: dict[str, asyncio.Event] = {}
-broken: set[str] = set()
-seen: list[tuple[str, str]] = []
-
-
-@pytest.fixture(autouse=True)
-def _reset() -> None:
-    calls.clear()
-    gates.clear()
-    broken.clear()
-    seen.clear()
+ledger = Ledger("sf")
+calls, gates, broken, seen = ledger.calls, ledger.gates, ledger.broken, ledger.seen
 
 
-class Order(BaseModel):
-    order_id: str
+class Order(kit.Order):
     lines: list[list[int]] = [[1, 2], [3]]
-    tenant: str = "acme"
 
 
 class Parcel(BaseModel):
@@ -51,27 +41,14 @@ class OrderState(BaseModel):
     picked: list[Any] = []
 
 
-@flowx.capability("sf.reserve", version="1.0.0")
-async def reserve(ctx: flowx.StepContext, order: Order) -> str:
-    calls["reserve"] += 1
-    return f"R-{order.order_id}"
-
-
-@flowx.capability("sf.release", version="1.0.0")
-async def release(ctx: flowx.StepContext, order: Order) -> None:
-    calls["release"] += 1
-    seen.append(("release", ctx.scope))
-
-
-@flowx.capability("sf.label", version="1.0.0")
-async def label(ctx: flowx.StepContext, parcel: Parcel) -> str:
-    calls["label"] += 1
-    gate = gates.get("label")
-    if gate is not None:
-        await gate.wait()
-    if "label" in broken:
-        raise flowx.NonRetryableError("the carrier refused the parcel")
-    return f"L-{parcel.order_id}-{parcel.weight}"
+reserve = ledger.capability("reserve", returns=reservation)
+release = ledger.undo("release", scoped=True)
+label = ledger.capability(
+    "label",
+    returns=lambda parcel: f"L-{parcel.order_id}-{parcel.weight}",
+    non_retryable=True,
+    fails_with="the carrier refused the parcel",
+)
 
 
 label_flow = (
@@ -81,36 +58,33 @@ label_flow = (
 )
 
 
+async def meet(ctx: flowx.StepContext, me: str, other: str) -> None:
+    """Two fork branches running at once: each opens its own gate, then waits (bounded) for
+    the other's, so neither can finish before both have started."""
+    calls[me] += 1
+    seen.append((me, ctx.scope))
+    gates.setdefault(me, asyncio.Event()).set()
+    await asyncio.wait_for(gates.setdefault(other, asyncio.Event()).wait(), 2)
+
+
 @flowx.capability("sf.pay", version="1.0.0")
 async def pay(ctx: flowx.StepContext, order: Order) -> str:
-    calls["pay"] += 1
-    seen.append(("pay", ctx.scope))
-    gates.setdefault("pay", asyncio.Event()).set()
-    await asyncio.wait_for(gates.setdefault("pack", asyncio.Event()).wait(), 2)
+    await meet(ctx, "pay", "pack")
     if "pay" in broken:
         raise RuntimeError("card declined")
     return "paid"
 
 
-@flowx.capability("sf.refund", version="1.0.0")
-async def refund(ctx: flowx.StepContext, order: Order) -> None:
-    calls["refund"] += 1
-    seen.append(("refund", ctx.scope))
+refund = ledger.undo("refund", scoped=True)
 
 
 @flowx.capability("sf.pack", version="1.0.0")
 async def pack(ctx: flowx.StepContext, order: Order) -> str:
-    calls["pack"] += 1
-    seen.append(("pack", ctx.scope))
-    gates.setdefault("pack", asyncio.Event()).set()
-    await asyncio.wait_for(gates.setdefault("pay", asyncio.Event()).wait(), 2)
+    await meet(ctx, "pack", "pay")
     return "packed"
 
 
-@flowx.capability("sf.unpack", version="1.0.0")
-async def unpack(ctx: flowx.StepContext, order: Order) -> None:
-    calls["unpack"] += 1
-    seen.append(("unpack", ctx.scope))
+unpack = ledger.undo("unpack", scoped=True)
 
 
 @flowx.capability("sf.pick", version="1.0.0")
@@ -121,15 +95,7 @@ async def pick(ctx: flowx.StepContext, item: int) -> dict[str, Any]:
     return {"item": item, "scope": ctx.scope}
 
 
-@flowx.capability("sf.unpick", version="1.0.0")
-async def unpick(ctx: flowx.StepContext, item: int) -> None:
-    calls["unpick"] += 1
-    seen.append(("unpick", ctx.scope))
-
-
-async def rows_of(host: flowx.FlowHost, iid: str) -> list[StepRecord]:
-    assert host.store is not None
-    return list(await host.store.journal.steps(iid))
+unpick = ledger.undo("unpick", scoped=True)
 
 
 def parent_flow() -> flowx.Plan:
@@ -154,11 +120,7 @@ async def test_a_sub_flow_is_its_own_instance_and_the_parent_waits_durably(
     handle = await host.start(plan, Order(order_id="p1"))
     child_id = child_instance_id(handle.instance_id, "", 2)
 
-    async def parent_suspended() -> None:
-        while (await host.get(handle.instance_id)).state is not InstanceState.SUSPENDED:
-            await asyncio.sleep(0.01)
-
-    await asyncio.wait_for(parent_suspended(), 5)
+    await until_state(host, handle.instance_id, InstanceState.SUSPENDED, idle=False)
     parent = await host.get(handle.instance_id)
     assert parent.wake_signal == "flowx.sub_flow" and parent.wake_step_id == 2
     child = await host.get(child_id)
@@ -186,10 +148,9 @@ async def test_a_child_failure_is_the_parents_step_failure_and_it_compensates(
     host = await host_factory(plan)
     broken.add("label")
     handle = await host.start(plan, Order(order_id="p2"))
-    with pytest.raises(flowx.FlowFailed) as failed:
-        await handle.result(timeout=5)
-    assert failed.value.state == "Failed"
-    error = failed.value.error
+    failed = await failure_of(handle, timeout=5)
+    assert failed.state == "Failed"
+    error = failed.error
     assert error["code"] == "sub_flow.failed" and error["child_state"] == "Failed"
     assert "refused the parcel" in error["child_error"]["message"]
     assert calls["release"] == 1
@@ -204,8 +165,7 @@ async def test_a_parent_resumed_on_another_node_finds_its_child_and_starts_no_se
     first = await host_factory(plan)
     gates["label"] = asyncio.Event()
     handle = await first.start(plan, Order(order_id="p3"))
-    while (await first.get(handle.instance_id)).state is not InstanceState.SUSPENDED:
-        await asyncio.sleep(0.01)
+    await until_state(first, handle.instance_id, InstanceState.SUSPENDED, idle=False)
     gates["label"].set()
     await first.wait_idle(timeout=5)
     await first.drain(timeout=1)
@@ -258,9 +218,8 @@ async def test_a_branch_failure_compensates_the_finished_branches(host_factory: 
     host = await host_factory(plan)
     broken.add("pay")
     handle = await host.start(plan, Order(order_id="f2"))
-    with pytest.raises(flowx.FlowFailed) as failed:
-        await handle.result(timeout=5)
-    assert failed.value.error["step"] == "sf.pay" and failed.value.error["scope"] == "2.0"
+    failed = await failure_of(handle, timeout=5)
+    assert failed.error["step"] == "sf.pay" and failed.error["scope"] == "2.0"
     # pack finished in the sibling branch: undone, newest first, then the reservation.
     assert [n for n, _ in seen if n in ("unpack", "release", "refund")] == ["unpack", "release"]
     assert ("unpack", "2.1") in seen
@@ -316,9 +275,8 @@ async def test_a_failure_deep_in_a_nested_loop_compensates_every_scope_newest_fi
     host = await host_factory(plan)
     broken.add("3")
     handle = await host.start(plan, Order(order_id="n2"))
-    with pytest.raises(flowx.FlowFailed) as failed:
-        await handle.result(timeout=5)
-    assert failed.value.error["scope"] == "1/0"
+    failed = await failure_of(handle, timeout=5)
+    assert failed.error["scope"] == "1/0"
     assert seen == [("unpick", "0/1"), ("unpick", "0/0"), ("release", "")]
 
 
@@ -338,8 +296,7 @@ async def test_a_sleep_inside_a_loop_resumes_in_the_right_scope(
     host = await host_factory(plan)
     handle = await host.start(plan, Order(order_id="n3"))
     for scope in ("0", "1"):
-        while (await host.get(handle.instance_id)).state is not InstanceState.SUSPENDED:
-            await asyncio.sleep(0.01)
+        await until_state(host, handle.instance_id, InstanceState.SUSPENDED, idle=False)
         await host.wait_idle(timeout=5)
         assert (await host.get(handle.instance_id)).wake_scope == scope
         clock.advance(minutes=2)

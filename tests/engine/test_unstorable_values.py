@@ -8,7 +8,6 @@ would fail the commit and leave the step to be re-run by recovery.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -18,22 +17,14 @@ from pydantic import BaseModel
 import flowx
 from flowx import codec
 from flowx.stores.protocols import InstanceQuery
-from flowx.stores.records import InstanceState, Outcome, StepRecord
+from flowx.stores.records import InstanceState, Outcome
+from tests.engine.kit import Ledger, Order, failure_of, reservation, rows_of
+from tests.engine.kit import fresh_ledgers as _reset  # noqa: F401 - autouse
 
-calls: Counter[str] = Counter()
+ledger = Ledger("unst")
+calls = ledger.calls
 #: What the ``unst.produce`` capability returns in the running test.
-produced: list[Callable[[], Any]] = []
-
-
-@pytest.fixture(autouse=True)
-def _reset() -> None:
-    calls.clear()
-    produced.clear()
-
-
-class Order(BaseModel):
-    order_id: str
-    tenant: str = "acme"
+produced: list[Callable[[], Any]] = ledger.also_clears([])
 
 
 class Reading(BaseModel):
@@ -48,21 +39,9 @@ class OrderState(BaseModel):
     reading: Reading | None = None
 
 
-@flowx.capability("unst.reserve", version="1.0.0")
-async def reserve(ctx: flowx.StepContext, order: Order) -> str:
-    calls["reserve"] += 1
-    return f"R-{order.order_id}"
-
-
-@flowx.capability("unst.release", version="1.0.0")
-async def release(ctx: flowx.StepContext, order: Order) -> None:
-    calls["release"] += 1
-
-
-@flowx.capability("unst.produce", version="1.0.0")
-async def produce(ctx: flowx.StepContext, order: Order) -> Any:
-    calls["produce"] += 1
-    return produced[0]()
+reserve = ledger.capability("reserve", returns=reservation)
+release = ledger.undo("release")
+produce = ledger.capability("produce", returns=lambda _: produced[0]())
 
 
 @flowx.capability("unst.read", version="1.0.0")
@@ -89,11 +68,6 @@ def saga(into: str | None = "produced") -> flowx.Plan:
     )
 
 
-async def rows_of(host: flowx.FlowHost, iid: str) -> list[StepRecord]:
-    assert host.store is not None
-    return list(await host.store.journal.steps(iid))
-
-
 async def instances(host: flowx.FlowHost) -> list[Any]:
     assert host.store is not None
     return list(await host.store.catalog.list_instances(InstanceQuery()))
@@ -103,18 +77,17 @@ async def failed_once(host: flowx.FlowHost, plan: flowx.Plan, step_id: int = 2) 
     """Run ``plan`` to its end; it must fail at ``step_id`` with exactly one attempt row, a
     storable Failure whose payload names the field, and compensate what ran before it."""
     handle = await host.start(plan, Order(order_id="o1"))
-    with pytest.raises(flowx.FlowFailed) as failed:
-        await handle.result(timeout=10)
-    assert failed.value.state == "Failed"
+    failed = await failure_of(handle, timeout=10)
+    assert failed.state == "Failed"
     rows = await rows_of(host, handle.instance_id)
     attempts = [r for r in rows if r.step_id == step_id]
     assert [(r.attempt, r.outcome) for r in attempts] == [(1, Outcome.FAILURE)]
     stored = codec.loads(attempts[0].result)
     assert stored["retryable"] is False
-    assert stored["code"] == failed.value.error["code"]
-    assert stored.get("field") == failed.value.error.get("field")
+    assert stored["code"] == failed.error["code"]
+    assert stored.get("field") == failed.error.get("field")
     assert calls["release"] == 1  # the step before it was compensated, once
-    return dict(failed.value.error)
+    return dict(failed.error)
 
 
 # -- step results ----------------------------------------------------------------------------

@@ -7,7 +7,6 @@ clock, so every wake-up here happens because a test moved time, never because a 
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
 from datetime import timedelta
 from typing import Any
 
@@ -16,22 +15,14 @@ from pydantic import BaseModel
 
 import flowx
 from flowx.stores.errors import InstanceFinished
-from flowx.stores.records import InstanceState, Outcome, StepRecord
+from flowx.stores.records import InstanceState, Outcome
 from flowx.testing import FakeClock
+from tests.engine.kit import Ledger, Order, failure_of, reservation, rows_of, until_state
+from tests.engine.kit import fresh_ledgers as _reset  # noqa: F401 - autouse
+from tests.support.polling import until
 
-calls: Counter[str] = Counter()
-gates: dict[str, asyncio.Event] = {}
-
-
-@pytest.fixture(autouse=True)
-def _reset() -> None:
-    calls.clear()
-    gates.clear()
-
-
-class Order(BaseModel):
-    order_id: str
-    tenant: str = "acme"
+ledger = Ledger("wait")
+calls, gates = ledger.calls, ledger.gates
 
 
 class Shipment(BaseModel):
@@ -45,30 +36,23 @@ class OrderState(BaseModel):
     note: str | None = None
 
 
-@flowx.capability("wait.reserve", version="1.0.0")
-async def reserve(ctx: flowx.StepContext, order: Order) -> str:
-    calls["reserve"] += 1
-    gate = gates.get("reserve")
-    if gate is not None:
-        await gate.wait()
-    return f"R-{order.order_id}"
-
-
-@flowx.capability("wait.release", version="1.0.0")
-async def release(ctx: flowx.StepContext, order: Order) -> None:
-    calls["release"] += 1
-
-
-@flowx.capability("wait.chase", version="1.0.0")
-async def chase(ctx: flowx.StepContext, order: Order) -> str:
-    calls["chase"] += 1
-    return "chased the carrier"
+reserve = ledger.capability("reserve", returns=reservation)
+release = ledger.undo("release")
+chase = ledger.capability("chase", returns=lambda _: "chased the carrier")
 
 
 @flowx.capability("wait.flaky", version="1.0.0")
 async def flaky(ctx: flowx.StepContext, order: Order) -> str:
     calls["flaky"] += 1
     raise RuntimeError("the gateway is down")
+
+
+def shipped_or_chase(builder: Any, *, timeout: str, **kw: Any) -> Any:
+    """``builder`` then a wait for the ``shipped`` signal that, past ``timeout``, chases the
+    carrier instead (the timeout branch writes ``note``)."""
+    return builder.await_signal(
+        "shipped", Shipment, timeout=timeout, on_timeout=lambda b: b.step(chase, into="note"), **kw
+    )
 
 
 def shipping_flow(**kw: Any) -> flowx.Plan:
@@ -78,24 +62,6 @@ def shipping_flow(**kw: Any) -> flowx.Plan:
         .await_signal("shipped", Shipment, into="shipment", timeout="2d")
         .build()
     )
-
-
-async def rows_of(host: flowx.FlowHost, iid: str) -> list[StepRecord]:
-    assert host.store is not None
-    return list(await host.store.journal.steps(iid))
-
-
-async def until_state(
-    host: flowx.FlowHost, iid: str, state: InstanceState, timeout: float = 5.0
-) -> flowx.stores.records.InstanceRecord:  # type: ignore[name-defined]
-    async def poll() -> Any:
-        while True:
-            record = await host.get(iid)
-            if record.state is state and iid not in host._tasks:
-                return record
-            await asyncio.sleep(0.01)
-
-    return await asyncio.wait_for(poll(), timeout)
 
 
 # -- signals ---------------------------------------------------------------------------------
@@ -203,18 +169,13 @@ async def test_a_signal_resumes_the_instance_on_another_node(host_factory: Any) 
 async def test_a_signal_timeout_takes_the_timeout_branch(
     host_factory: Any, clock: FakeClock
 ) -> None:
-    plan = (
-        flowx.flow("wait.branch", version="1", input=Order, state=OrderState)
-        .step(reserve, into="reservation")
-        .await_signal(
-            "shipped",
-            Shipment,
-            into="shipment",
-            timeout="2d",
-            on_timeout=lambda b: b.step(chase, into="note"),
-        )
-        .build()
-    )
+    plan = shipped_or_chase(
+        flowx.flow("wait.branch", version="1", input=Order, state=OrderState).step(
+            reserve, into="reservation"
+        ),
+        into="shipment",
+        timeout="2d",
+    ).build()
     host = await host_factory(plan)
     handle = await host.start(plan, Order(order_id="o6"))
     record = await until_state(host, handle.instance_id, InstanceState.SUSPENDED)
@@ -240,10 +201,9 @@ async def test_a_signal_timeout_with_no_branch_fails_the_flow_and_compensates(
     await until_state(host, handle.instance_id, InstanceState.SUSPENDED)
     clock.advance(days=3)
     assert (await host.timers.run_once()).woken == 1
-    with pytest.raises(flowx.FlowFailed) as failed:
-        await handle.result(timeout=5)
-    assert failed.value.state == "Failed"
-    assert failed.value.error["code"] == "signal.timed_out"
+    failed = await failure_of(handle, timeout=5)
+    assert failed.state == "Failed"
+    assert failed.error["code"] == "signal.timed_out"
     assert calls["release"] == 1
 
 
@@ -361,10 +321,9 @@ async def test_a_deadline_passed_while_sleeping_times_out_and_compensates(
     assert record.wake_at == started + timedelta(hours=1)  # the deadline comes first
     clock.advance(hours=1)
     assert (await host.timers.run_once()).woken == 1
-    with pytest.raises(flowx.FlowFailed) as failed:
-        await handle.result(timeout=5)
-    assert failed.value.state == "TimedOut"
-    assert failed.value.error["code"] == "flow.deadline_exceeded"
+    failed = await failure_of(handle, timeout=5)
+    assert failed.state == "TimedOut"
+    assert failed.error["code"] == "flow.deadline_exceeded"
     assert calls["release"] == 1 and calls["chase"] == 0
     rows = await rows_of(host, handle.instance_id)
     # The deadline is journaled as the failure of the step it stopped (the sleep), so a
@@ -387,9 +346,8 @@ async def test_a_deadline_passed_between_retries_times_out(host_factory: Any) ->
     )
     host = await host_factory(plan)
     handle = await host.start(plan, Order(order_id="d2"))
-    with pytest.raises(flowx.FlowFailed) as failed:
-        await handle.result(timeout=5)
-    assert failed.value.state == "TimedOut"
+    failed = await failure_of(handle, timeout=5)
+    assert failed.state == "TimedOut"
     assert 1 <= calls["flaky"] < 10  # stopped by the deadline, not by the retry budget
     assert calls["release"] == 1
 
@@ -409,8 +367,7 @@ async def test_a_keyless_redelivery_to_a_wait_already_passed_is_inert_and_says_s
     await until_state(host, handle.instance_id, InstanceState.SUSPENDED)
     payload = {"carrier": "dhl", "tracking": "T8"}
     assert (await host.signal(handle.instance_id, "shipped", payload)).status == "woken"
-    while calls["reserve"] == 0:
-        await asyncio.sleep(0.01)
+    await until(lambda: calls["reserve"], within=5, what="reserve started", every=0.01)
     again = await host.signal(handle.instance_id, "shipped", payload)
     assert again.status == "duplicate" and again.state is InstanceState.RUNNING
     assert len(await host.store.waits.signals(handle.instance_id, "shipped")) == 1
@@ -422,9 +379,9 @@ async def test_a_signal_after_its_wait_timed_out_is_late_and_kept_nowhere(
     host_factory: Any, clock: FakeClock
 ) -> None:
     plan = (
-        flowx.flow("wait.late-signal", version="1", input=Order, state=OrderState)
-        .await_signal(
-            "shipped", Shipment, timeout="1h", on_timeout=lambda b: b.step(chase, into="note")
+        shipped_or_chase(
+            flowx.flow("wait.late-signal", version="1", input=Order, state=OrderState),
+            timeout="1h",
         )
         .step(reserve, into="reservation")
         .build()
@@ -435,8 +392,7 @@ async def test_a_signal_after_its_wait_timed_out_is_late_and_kept_nowhere(
     await until_state(host, handle.instance_id, InstanceState.SUSPENDED)
     clock.advance(hours=2)
     assert (await host.timers.run_once()).woken == 1
-    while calls["reserve"] == 0:
-        await asyncio.sleep(0.01)
+    await until(lambda: calls["reserve"], within=5, what="reserve started", every=0.01)
     late = await host.signal(handle.instance_id, "shipped", {"carrier": "a", "tracking": "b"})
     assert late.status == "late"
     assert list(await host.store.waits.signals(handle.instance_id, "shipped")) == []
@@ -473,14 +429,12 @@ async def test_keyless_signals_racing_to_a_wait_that_happens_once_take_one(
 
 def twice_flow() -> flowx.Plan:
     return (
-        flowx.flow("wait.ship-twice", version="1", input=Order, state=OrderState)
-        .step(reserve, into="reservation")
-        .await_signal(
-            "shipped",
-            Shipment,
+        shipped_or_chase(
+            flowx.flow("wait.ship-twice", version="1", input=Order, state=OrderState).step(
+                reserve, into="reservation"
+            ),
             name="first-parcel",
             timeout="1h",
-            on_timeout=lambda b: b.step(chase, into="note"),
         )
         .await_signal("shipped", Shipment, into="shipment", name="second-parcel")
         .build()
@@ -496,8 +450,7 @@ async def test_a_flow_that_waits_twice_keeps_two_signals_and_no_third(
     host = await host_factory(plan)
     gates["reserve"] = asyncio.Event()
     handle = await host.start(plan, Order(order_id="twice"))
-    while calls["reserve"] == 0:
-        await asyncio.sleep(0.01)
+    await until(lambda: calls["reserve"], within=5, what="reserve started", every=0.01)
     assert await _race(host, handle.instance_id, 3) == ["duplicate", "kept", "kept"]
     gates["reserve"].set()
     state = await handle.result(timeout=5)

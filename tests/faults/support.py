@@ -11,9 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import inspect
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -93,28 +92,6 @@ def executes(chunk: bytes) -> bool:
 def proxy_to_postgres() -> FaultProxy:
     target = urlsplit(PG_DSN)
     return FaultProxy(target.hostname or "127.0.0.1", target.port or 5432)
-
-
-async def until(
-    check: Callable[[], object],
-    *,
-    within: float,
-    what: str,
-    every: float = 0.05,
-) -> float:
-    """Poll ``check`` (a function, or a coroutine function) until what it returns is true;
-    fail saying ``what`` did not happen within ``within``
-    seconds. Returns the seconds it took."""
-    began = time.monotonic()
-    while True:
-        outcome = check()
-        if inspect.isawaitable(outcome):
-            outcome = await outcome
-        if outcome:
-            return time.monotonic() - began
-        if time.monotonic() - began > within:
-            raise AssertionError(f"{what}: not within {within:g}s")
-        await asyncio.sleep(every)
 
 
 async def signalled(event: asyncio.Event, *, within: float, what: str) -> None:

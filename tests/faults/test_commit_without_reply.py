@@ -31,10 +31,10 @@ from tests.faults.support import (
     on_node,
     rows,
     signalled,
-    until,
     writes_past_a_fence,
 )
 from tests.support.fault_proxy import FaultProxy
+from tests.support.polling import until
 
 DEADLINE = TTL / 2  # what a host bounds every round trip to (HostSettings.round_trip_timeout)
 

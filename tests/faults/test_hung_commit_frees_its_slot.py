@@ -19,8 +19,9 @@ from flowx.stores.postgres import PostgresStores
 from flowx.stores.postgres.commit import GroupCommitter
 from flowx.stores.records import Outcome, StepCommit
 from flowx.testing.conformance._support import at, instance, step
-from tests.faults.support import executes, proxy_to_postgres, until, via
+from tests.faults.support import executes, proxy_to_postgres, via
 from tests.support.fault_proxy import FaultProxy
+from tests.support.polling import until
 
 
 @pytest.fixture

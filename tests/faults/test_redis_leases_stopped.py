@@ -26,8 +26,9 @@ from flowx.hosting.lease import DurableLease
 from flowx.hosting.stores import postgres, redis_leases
 from flowx.stores.protocols import InstanceQuery
 from flowx.stores.records import Outcome
-from tests.faults.support import Ledger, WriteTap, on_node, until, writes_past_a_fence
+from tests.faults.support import Ledger, WriteTap, on_node, writes_past_a_fence
 from tests.postgres_support import PG_DSN
+from tests.support.polling import until
 from tests.support.servers import ThrowawayRedis
 
 TTL = 3.0

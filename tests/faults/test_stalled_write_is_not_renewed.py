@@ -23,10 +23,10 @@ from tests.faults.support import (
     on_node,
     rows,
     signalled,
-    until,
     writes_past_a_fence,
 )
 from tests.support.fault_proxy import FaultProxy
+from tests.support.polling import until
 
 RENEW = TTL / 3  # the default renewal interval
 

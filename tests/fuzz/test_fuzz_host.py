@@ -97,9 +97,12 @@ def test_a_step_result_of_any_value_commits_or_fails_its_step(tmp_path: Path) ->
             try:
                 handle = h.run(h.host.start(echo, FuzzIn(key=key)))
                 record = h.run(h.host.get(handle.instance_id))
-                while not record.state.terminal:
+                for _ in range(3):  # wait_idle is bounded; a few rounds cover a timer
+                    if record.state.terminal:
+                        break
                     h.run(h.host.wait_idle(timeout=20))
                     record = h.run(h.host.get(handle.instance_id))
+                assert record.state.terminal, f"{key} still {record.state.value} after 60 s"
             finally:
                 del RESULTS[key]
             steps = h.run(h.host.store.journal.steps(handle.instance_id))  # type: ignore[union-attr]

@@ -175,5 +175,3 @@ def test_one_fuzzed_schema_opens_on_postgresql() -> None:
         with psycopg.connect(PG, autocommit=True) as conn:
             drop = sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE")
             conn.execute(drop.format(sql.Identifier(chosen[0])))
-
-

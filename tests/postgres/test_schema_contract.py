@@ -1,5 +1,6 @@
 """The PostgreSQL schema keeps the journal's contract, checked on the real server
-(R2.1 shape, R2.2 append-only, R2.4 fencing, R2.13 retention seed, R3.1 leases)."""
+(R2.1 shape, R2.2 append-only, R2.13 retention seed, R3.1 leases). R2.4 (the fence rises on
+acquisition) is a conformance test every store runs: flowx.testing.conformance.leases."""
 
 from __future__ import annotations
 
@@ -304,43 +305,6 @@ async def test_a_duplicate_step_row_raises_duplicate_step(pg_schema: Callable[[]
         assert (record.next_sequence, record.state_bag) == (2, "{}")
         assert [s.result for s in await j.steps(iid)] == ['"ok"']
         assert list(await j.events(iid)) == []
-
-
-async def test_acquisition_raises_the_fence_and_the_old_token_is_fenced_out(
-    pg_schema: Callable[[], str],
-) -> None:
-    """R2.4: the fence rises on lease acquisition, before any write; a commit under the old
-    token is refused with FencedOut and writes nothing."""
-    schema = pg_schema()
-    async with open_stores(schema) as stores:
-        j = stores.journal
-        iid = (await j.create(instance(), token=1, now=at(0))).instance.instance_id
-        with connect(schema) as conn:
-            fence = "SELECT fence FROM flow_instance WHERE instance_id = %s"
-            assert conn.execute(fence, (iid,)).fetchone() == (1,)
-            lease = await stores.leases.acquire(iid, owner="node-b", ttl=TTL, now=at(1))
-            assert lease is not None and lease.token > 1
-            assert conn.execute(fence, (iid,)).fetchone() == (lease.token,)
-
-            with pytest.raises(flowx.FencedOut) as refused:
-                await j.commit(
-                    StepCommit(
-                        instance_id=iid,
-                        token=1,
-                        now=at(2),
-                        step=step(1),
-                        state_bag='{"zombie":true}',
-                        events=(event(),),
-                    )
-                )
-            assert refused.value.fence == lease.token and refused.value.token == 1
-            counts = conn.execute(
-                "SELECT (SELECT count(*) FROM flow_step), (SELECT count(*) FROM outbox_event), "
-                "(SELECT state_bag::text FROM flow_instance WHERE instance_id = %s)",
-                (iid,),
-            ).fetchone()
-            assert counts == (0, 0, "{}")
-        assert await j.commit(StepCommit(instance_id=iid, token=lease.token, now=at(3))) is None
 
 
 async def test_duration_ms_is_bigint_end_to_end(pg_schema: Callable[[], str]) -> None:

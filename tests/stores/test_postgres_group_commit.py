@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 import pytest
 
-import flowx
+from flowx.stores.errors import DuplicateStep, FencedOut
 from flowx.stores.postgres import PostgresStores
 from flowx.stores.postgres.commit import isolatable
 from flowx.stores.records import StepCommit
@@ -53,7 +53,7 @@ async def test_a_batch_commits_each_instance_and_refuses_only_the_fenced(
         for n, (iid, outcome) in enumerate(zip(ids, results, strict=True)):
             record = await j.get(iid)
             if iid in zombies:
-                assert isinstance(outcome, flowx.FencedOut)
+                assert isinstance(outcome, FencedOut)
                 assert record.state_bag == "{}" and record.next_sequence == 1
                 assert list(await j.events(iid)) == []
             else:
@@ -82,7 +82,7 @@ async def test_a_duplicate_in_a_batch_fails_alone(pg_schema: Callable[[], str]) 
             ),
             return_exceptions=True,
         )
-        assert isinstance(results[7], flowx.DuplicateStep)
+        assert isinstance(results[7], DuplicateStep)
         assert all(r == 1 for i, r in enumerate(results) if i != 7)
         assert len(await j.steps(ids[7])) == 1
     finally:

@@ -63,6 +63,7 @@ class CompensationAlert:
     last_error: dict[str, Any]
 
     def as_dict(self) -> dict[str, Any]:
+        """The alert as plain JSON-ready fields, for a log line, a ticket or a webhook."""
         return {
             "flow_id": self.flow_id,
             "flow_version": self.flow_version,

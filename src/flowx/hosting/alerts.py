@@ -21,7 +21,10 @@ log = logging.getLogger("flowx.alerts")
 class AlertSink(Protocol):
     """**Protocol:** told once per instance that ends CompensationFailed."""
 
-    async def compensation_failed(self, alert: CompensationAlert) -> None: ...
+    async def compensation_failed(self, alert: CompensationAlert) -> None:
+        """Told once when an instance ends CompensationFailed, so an operator learns of it
+        (page, ticket) and can fix the fault and ``flowx replay`` it."""
+        ...
 
 
 class LoggingAlertSink:

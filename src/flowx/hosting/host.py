@@ -110,6 +110,8 @@ class FlowHandle(Generic[S]):
         return f"FlowHandle({self.plan.ref}, {self.instance_id})"
 
     async def status(self) -> InstanceRecord:
+        """The instance's current record (state, step, error) from the journal, whichever
+        node runs it."""
         return await self._host.get(self.instance_id)
 
     async def result(self, *, timeout: float | None = None, poll: float = 0.1) -> Any:
@@ -385,6 +387,8 @@ class FlowHost:
         return found
 
     def carries(self, flow_id: str, version: str) -> bool:
+        """Whether this host has the plan ``flow_id@version``: a worker resumes only
+        instances of plans it carries."""
         return (flow_id, version) in self._plans
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -1283,6 +1287,7 @@ class FlowHost:
     # -- reading ---------------------------------------------------------------------------
 
     async def get(self, instance_id: str) -> InstanceRecord:
+        """The instance's record from the journal; ``InstanceNotFound`` if there is none."""
         if not storable_id(instance_id):  # no journal could hold it, so none does
             raise InstanceNotFound(instance_id)
         record = await self._require_stores().journal.get(instance_id)
@@ -1293,10 +1298,13 @@ class FlowHost:
     def handle(
         self, instance_id: str, flow: Plan | str, version: str | None = None
     ) -> FlowHandle[Any]:
+        """A handle on an existing instance (started elsewhere or earlier), to await its
+        result or read its status."""
         return FlowHandle(self, self.plan(flow, version), instance_id, created=False)
 
     @property
     def in_flight(self) -> int:
+        """How many instances this host is running right now: for a drain or a health check."""
         return len(self._tasks)
 
     @property

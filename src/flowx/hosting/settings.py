@@ -98,10 +98,13 @@ class HostSettings(BaseModel):
 
     @property
     def renewal_interval(self) -> timedelta:
+        """How often leases are renewed: ``lease_renewal_interval``, or a third of the TTL."""
         return self.lease_renewal_interval or self.lease_ttl / 3
 
     @property
     def clock_offset_limit(self) -> timedelta:
+        """How far this node's clock may be off the store's before it refuses durable work
+        (R9.2): ``max_clock_offset``, or a third of the TTL."""
         return self.max_clock_offset if self.max_clock_offset is not None else self.lease_ttl / 3
 
     @property

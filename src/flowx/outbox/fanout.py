@@ -14,6 +14,9 @@ from flowx.stores.records import EventRecord
 
 
 class FanOutPublisher:
+    """Publish every event to several brokers, in order: an event counts as published only
+    once each of them has acknowledged it, so no broker misses one."""
+
     def __init__(self, *publishers: EventPublisher) -> None:
         if not publishers:
             raise ValueError("FanOutPublisher needs at least one publisher")

@@ -45,6 +45,8 @@ class NatsJetStreamPublisher:
         return "nats-jetstream"
 
     def subject(self, event: EventRecord) -> str:
+        """The subject an event goes to: the prefix, then the event type, so consumers
+        subscribe per type."""
         return f"{self.subject_prefix}.{event.type}"
 
     async def open(self) -> None:

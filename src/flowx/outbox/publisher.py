@@ -29,11 +29,15 @@ class PublishFailure:
 
 @dataclass(frozen=True, slots=True)
 class PublishResult:
+    """What a publisher reports instead of raising: how many events, in order, the broker
+    acknowledged, and why it stopped there, so the relay marks exactly those as sent."""
+
     acknowledged: int
     failure: PublishFailure | None = None
 
     @classmethod
     def all(cls, events: Sequence[EventRecord]) -> PublishResult:
+        """Every event of ``events`` acknowledged: what a publisher returns on full success."""
         return cls(len(events))
 
 
@@ -46,9 +50,13 @@ class EventPublisher(Protocol):
         """A short name for logs and metrics (``redis-streams``, ``rabbitmq``)."""
         ...
 
-    async def open(self) -> None: ...
+    async def open(self) -> None:
+        """Connect to the broker before the first ``publish``; a relay calls it once."""
+        ...
 
-    async def close(self) -> None: ...
+    async def close(self) -> None:
+        """Let go of the broker connection when the relay stops."""
+        ...
 
     async def publish(self, events: Sequence[EventRecord]) -> PublishResult:
         """Send ``events`` in order; never raise for a broker failure, report it."""

@@ -11,6 +11,9 @@ from flowx.stores.records import EventRecord
 
 
 class RecordingPublisher:
+    """An in-memory publisher for tests: keeps what it is given and can be told to fail
+    (``down``, ``accept_at_most``, ``refuse``) to exercise a relay's retries."""
+
     def __init__(self, name: str = "recording") -> None:
         self._name = name
         self.received: list[EventRecord] = []

@@ -47,6 +47,8 @@ class RedisStreamsPublisher:
         return "redis-streams"
 
     def stream(self, partition_key: str | None) -> str:
+        """The stream an event goes to: one per partition key, so a consumer group reads
+        each key's events in order."""
         return f"{self.prefix}{'_' if partition_key is None else partition_key}"
 
     async def open(self) -> None:

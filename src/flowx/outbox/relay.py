@@ -37,6 +37,10 @@ class Round:
 
 
 class OutboxPublisher:
+    """Relay the outbox to a broker: claim staged events, publish them in order per
+    partition key, mark them sent; retries with back-off and dead-letters an event a broker
+    refuses ``dead_after`` times, so events committed with a step reach the world (R2.14)."""
+
     def __init__(
         self,
         outbox: OutboxStore,

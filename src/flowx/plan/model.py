@@ -229,20 +229,27 @@ class Plan:
 
     @property
     def ref(self) -> str:
+        """``flow_id@version``: how the journal, the CLI and logs name this plan."""
         return f"{self.flow_id}@{self.version}"
 
     @property
     def durable(self) -> bool:
+        """Whether instances of this plan are journaled and recovered (the Durable profile)."""
         return self.profile is Profile.DURABLE
 
     def nodes(self) -> list[Node]:
+        """Every node of the plan, nested ones included, in step-id order: for tools
+        that list or check a plan's steps."""
         return list(walk(self.body))
 
     def node(self, step_id: int) -> Node:
+        """The node with ``step_id`` (``KeyError`` if none): how a journal row maps back to
+        the plan."""
         for n in walk(self.body):
             if n.step_id == step_id:
                 return n
         raise KeyError(step_id)
 
     def node_named(self, name: str) -> Node | None:
+        """The node called ``name``, or ``None``: how ``flowx replay --from`` finds a step."""
         return next((n for n in walk(self.body) if n.name == name), None)

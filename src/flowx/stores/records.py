@@ -26,6 +26,7 @@ class InstanceState(StrEnum):
 
     @property
     def terminal(self) -> bool:
+        """The instance has ended and will not run again (short of a ``flowx replay``)."""
         return self in TERMINAL_STATES
 
 

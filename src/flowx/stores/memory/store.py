@@ -14,11 +14,10 @@ from datetime import datetime, timedelta
 from flowx.clock import or_process_now
 from flowx.stores.errors import (
     DuplicateStep,
-    FencedOut,
     LeaseLost,
     UnknownConsumer,
-    UnknownInstance,
 )
+from flowx.stores.memory.data import MemoryData, candidate
 from flowx.stores.memory.waits import MemoryWaits
 from flowx.stores.outbox_claims import ClaimOutcome
 from flowx.stores.protocols import InstanceQuery
@@ -35,34 +34,27 @@ from flowx.stores.records import (
     NewInstance,
     OutboxPurge,
     RecoveryCandidate,
-    SignalRecord,
     StepCommit,
     StepRecord,
 )
 
 
-class _Data:
-    def __init__(self) -> None:
-        self.instances: dict[str, InstanceRecord] = {}
-        self.keys: dict[tuple[str, str], str] = {}
-        self.steps: dict[str, list[StepRecord]] = {}
-        self.step_keys: set[tuple[str, str, int, int]] = set()
-        self.events: list[EventRecord] = []
-        self.leases: dict[str, Lease] = {}
-        self.staged_seq = 0
-        self.signals: list[SignalRecord] = []
-        self.signal_seq = 0
-
-
 class MemoryJournal:
     """``FlowJournal`` over dicts. Each method is atomic because it never awaits midway."""
 
-    def __init__(self, data: _Data) -> None:
+    def __init__(self, data: MemoryData) -> None:
         self._d = data
 
     async def create(
         self, instance: NewInstance, *, token: int, now: datetime | None
     ) -> CreateResult:
+        return self.create_now(instance, token=token, now=now)
+
+    def create_now(
+        self, instance: NewInstance, *, token: int, now: datetime | None
+    ) -> CreateResult:
+        """``create``, without an await: ``MemoryStores.create_leased`` runs it in the same
+        step as the lease, which is what makes the two one write here."""
         now = or_process_now(now)
         d = self._d
         existing = d.instances.get(instance.instance_id)
@@ -72,25 +64,12 @@ class MemoryJournal:
         if existing is not None:
             return CreateResult(instance=existing, created=False)
         record = InstanceRecord(
-            instance_id=instance.instance_id,
-            flow_id=instance.flow_id,
-            flow_version=instance.flow_version,
-            state=instance.state,
+            **{f.name: getattr(instance, f.name) for f in dataclasses.fields(instance)},
             fence=token,
             next_sequence=1,
-            input=instance.input,
-            state_bag=instance.state_bag,
             state_bag_sequence=None,
             error=None,
-            tenant_id=instance.tenant_id,
-            idempotency_key=instance.idempotency_key,
-            correlation_id=instance.correlation_id,
-            deadline_at=instance.deadline_at,
-            parent_instance_id=instance.parent_instance_id,
-            parent_scope=instance.parent_scope,
-            parent_step_id=instance.parent_step_id,
             resume_count=0,
-            codec_version=instance.codec_version,
             created_at=now,
             updated_at=now,
         )
@@ -100,17 +79,9 @@ class MemoryJournal:
             d.keys[(instance.flow_id, instance.idempotency_key)] = record.instance_id
         return CreateResult(instance=record, created=True)
 
-    def _instance(self, instance_id: str) -> InstanceRecord:
-        record = self._d.instances.get(instance_id)
-        if record is None:
-            raise UnknownInstance(instance_id)
-        return record
-
     async def open(self, instance_id: str, *, token: int, now: datetime | None) -> History:
         now = or_process_now(now)
-        record = self._instance(instance_id)
-        if token < record.fence:
-            raise FencedOut(instance_id, token, record.fence)
+        record = self._d.fenced(instance_id, token)
         woken = record.state in (InstanceState.PENDING, InstanceState.SUSPENDED)
         state = InstanceState.RUNNING if woken else record.state
         record = dataclasses.replace(
@@ -121,10 +92,8 @@ class MemoryJournal:
 
     async def commit(self, commit: StepCommit) -> int | None:
         d = self._d
-        record = self._instance(commit.instance_id)
+        record = d.fenced(commit.instance_id, commit.token)
         now = or_process_now(commit.now)
-        if commit.token < record.fence:
-            raise FencedOut(commit.instance_id, commit.token, record.fence)
         sequence: int | None = None
         step = commit.step
         if step is not None:
@@ -212,7 +181,7 @@ class MemoryJournal:
 class MemoryLeaseStore:
     """``LeaseStore`` over a dict. The row is replaced, never removed, so tokens never restart."""
 
-    def __init__(self, data: _Data) -> None:
+    def __init__(self, data: MemoryData) -> None:
         self._d = data
 
     async def acquire(
@@ -224,6 +193,19 @@ class MemoryLeaseStore:
         now: datetime | None,
         floor: int = 0,
     ) -> Lease | None:
+        record = self._d.instances.get(instance_id)
+        fence = record.fence if record is not None else 0
+        lease = self.grant(instance_id, owner=owner, ttl=ttl, now=now, floor=max(floor, fence))
+        if lease is not None and record is not None:
+            # The fence rises on acquisition (R2.4): from here on a zombie holding an older
+            # token is refused, before the new owner has written or even read anything.
+            self._d.instances[instance_id] = dataclasses.replace(record, fence=lease.token)
+        return lease
+
+    def grant(
+        self, instance_id: str, *, owner: str, ttl: timedelta, now: datetime | None, floor: int
+    ) -> Lease | None:
+        """The lease row alone: granted above ``floor`` if free or expired, else ``None``."""
         now = or_process_now(now)
         current = self._d.leases.get(instance_id)
         if current is not None and current.expires_at > now:
@@ -270,7 +252,7 @@ class MemoryLeaseStore:
 class MemoryRecoveryIndex:
     """``RecoveryIndex`` by a linear scan: fine for tests, which is all this store is for."""
 
-    def __init__(self, data: _Data) -> None:
+    def __init__(self, data: MemoryData) -> None:
         self._d = data
 
     async def find_abandoned(
@@ -291,22 +273,13 @@ class MemoryRecoveryIndex:
     @staticmethod
     def _page(found: list[InstanceRecord], limit: int, offset: int) -> list[RecoveryCandidate]:
         found.sort(key=lambda r: (r.updated_at, r.instance_id))
-        return [
-            RecoveryCandidate(
-                instance_id=r.instance_id,
-                flow_id=r.flow_id,
-                flow_version=r.flow_version,
-                state=r.state,
-                updated_at=r.updated_at,
-            )
-            for r in found[offset : offset + limit]
-        ]
+        return [candidate(r) for r in found[offset : offset + limit]]
 
 
 class MemoryCatalog:
     """``InstanceCatalog`` over the same dicts."""
 
-    def __init__(self, data: _Data) -> None:
+    def __init__(self, data: MemoryData) -> None:
         self._d = data
 
     async def list_instances(self, query: InstanceQuery) -> Sequence[InstanceRecord]:
@@ -325,7 +298,7 @@ class MemoryOutbox:
     """The outbox over the in-memory event list. A claim holds its events in a set until it
     ends; the sibling hold reads the same list, so the rules are the PostgreSQL ones."""
 
-    def __init__(self, data: _Data) -> None:
+    def __init__(self, data: MemoryData) -> None:
         self._d = data
         self._claimed: set[str] = set()
 
@@ -397,7 +370,7 @@ class MemoryChanges:
     """Change subscriptions over the in-memory event list; positions are ``(0, staged_seq)``
     because one process staging under one loop stages in commit order."""
 
-    def __init__(self, data: _Data) -> None:
+    def __init__(self, data: MemoryData) -> None:
         self._d = data
         self._cursors: dict[str, int] = {}
 
@@ -442,7 +415,7 @@ class MemoryStores:
     """All four roles over one shared in-memory data set."""
 
     def __init__(self) -> None:
-        self._data = _Data()
+        self._data = MemoryData()
         self.journal = MemoryJournal(self._data)
         self.leases = MemoryLeaseStore(self._data)
         self.recovery = MemoryRecoveryIndex(self._data)
@@ -450,6 +423,18 @@ class MemoryStores:
         self.outbox = MemoryOutbox(self._data)
         self.changes = MemoryChanges(self._data)
         self.waits = MemoryWaits(self._data)
+
+    async def create_leased(
+        self, instance: NewInstance, *, owner: str, ttl: timedelta, now: datetime | None
+    ) -> tuple[Lease | None, CreateResult | None]:
+        """``LeasedCreate``: the lease and the instance in one step with no await between
+        them, as PostgreSQL and SQLite make them one write, so tests of the engine start
+        instances the way production does. As there, an existing instance is left as it is."""
+        now = or_process_now(now)
+        lease = self.leases.grant(instance.instance_id, owner=owner, ttl=ttl, now=now, floor=0)
+        if lease is None:
+            return None, None
+        return lease, self.journal.create_now(instance, token=lease.token, now=now)
 
     async def open(self) -> None:
         return None

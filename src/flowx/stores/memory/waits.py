@@ -1,6 +1,6 @@
 """``WaitStore`` in memory: suspend, signal, the timer's due list, and replay (R2.10, R2.11).
 
-Over the same dicts as the rest of the memory store (``_Data``); kept in a module of its own,
+Over the same dicts as the rest of the memory store (``MemoryData``); kept in a module of its own,
 as the SQLite and PostgreSQL stores keep theirs. Each method is atomic because it never
 awaits: that is this store's lock.
 """
@@ -10,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING
 
-from flowx.stores.errors import FencedOut, InstanceFinished, UnknownInstance
+from flowx.stores.errors import InstanceFinished, UnknownInstance
+from flowx.stores.memory.data import MemoryData, candidate
 from flowx.stores.records import (
     InstanceRecord,
     InstanceState,
@@ -22,26 +22,15 @@ from flowx.stores.records import (
     SuspendCommit,
 )
 
-if TYPE_CHECKING:
-    from flowx.stores.memory.store import _Data
-
 
 class MemoryWaits:
     """``WaitStore`` over the same dicts; each method is atomic because it never awaits."""
 
-    def __init__(self, data: _Data) -> None:
+    def __init__(self, data: MemoryData) -> None:
         self._d = data
 
-    def _fenced(self, instance_id: str, token: int) -> InstanceRecord:
-        record = self._d.instances.get(instance_id)
-        if record is None:
-            raise UnknownInstance(instance_id)
-        if token < record.fence:
-            raise FencedOut(instance_id, token, record.fence)
-        return record
-
     async def suspend(self, commit: SuspendCommit) -> bool:
-        record = self._fenced(commit.instance_id, commit.token)
+        record = self._d.fenced(commit.instance_id, commit.token)
         wake = commit.wake
         if wake.signal is not None and any(
             s.instance_id == commit.instance_id
@@ -141,16 +130,7 @@ class MemoryWaits:
             and (carried is None or f"{r.flow_id}@{r.flow_version}" in carried)
         ]
         due.sort(key=lambda r: (r.wake_at, r.instance_id))
-        return tuple(
-            RecoveryCandidate(
-                instance_id=r.instance_id,
-                flow_id=r.flow_id,
-                flow_version=r.flow_version,
-                state=r.state,
-                updated_at=r.updated_at,
-            )
-            for r in due[:limit]
-        )
+        return tuple(candidate(r) for r in due[:limit])
 
     async def next_wake(self, *, flows: Sequence[str] | None = None) -> datetime | None:
         carried = None if flows is None else set(flows)
@@ -167,7 +147,7 @@ class MemoryWaits:
     async def rearm(
         self, instance_id: str, *, token: int, now: datetime, from_step: int
     ) -> InstanceRecord:
-        record = self._fenced(instance_id, token)
+        record = self._d.fenced(instance_id, token)
         record = dataclasses.replace(
             record,
             state=InstanceState.PENDING,

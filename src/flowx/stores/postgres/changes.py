@@ -37,9 +37,9 @@ from typing import Final, LiteralString
 
 from psycopg.rows import dict_row
 
+from flowx.stores.columns import EVENT_COLUMNS, event_of
 from flowx.stores.errors import UnknownConsumer
 from flowx.stores.postgres.database import PostgresDatabase
-from flowx.stores.postgres.outbox import _COLUMNS, event_record
 from flowx.stores.records import ChangeBatch, OutboxPurge
 
 # The horizon, one scalar subquery. ``locks`` is one call of pg_locks, read only when some
@@ -79,7 +79,7 @@ CURSOR: Final[LiteralString] = (
 )
 
 READ: Final[LiteralString] = (
-    "SELECT " + _COLUMNS + ", o.staged_xid::text AS staged_xid FROM outbox_event o "
+    "SELECT " + EVENT_COLUMNS + ", o.staged_xid::text AS staged_xid FROM outbox_event o "
     "WHERE (o.staged_xid, o.staged_seq) > (%(xid)s::text::xid8, %(seq)s::bigint) "
     "AND o.staged_xid < " + HORIZON + " ORDER BY o.staged_xid, o.staged_seq LIMIT %(limit)s"
 )
@@ -139,9 +139,7 @@ class PostgresChanges:
         position = (int(at["xid"]), int(at["seq"]))
         if rows:
             position = (int(rows[-1]["staged_xid"]), int(rows[-1]["staged_seq"]))
-        events = tuple(
-            event_record({k: v for k, v in r.items() if k != "staged_xid"}) for r in rows
-        )
+        events = tuple(event_of({k: v for k, v in r.items() if k != "staged_xid"}) for r in rows)
         return ChangeBatch(consumer=consumer, events=events, position=position)
 
     async def commit(self, consumer: str, position: tuple[int, int], *, now: datetime) -> None:

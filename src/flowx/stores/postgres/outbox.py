@@ -23,20 +23,15 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
-from typing import Any, Final, LiteralString
+from typing import Final, LiteralString
 
 from psycopg.rows import dict_row
 
+from flowx.stores.columns import EVENT_COLUMNS, event_of
 from flowx.stores.outbox_claims import ClaimOutcome
 from flowx.stores.postgres.database import PostgresDatabase
 from flowx.stores.postgres.notify import StagedListener
 from flowx.stores.records import EventRecord
-
-_COLUMNS: Final[LiteralString] = (
-    "o.event_id, o.instance_id, o.sequence, o.ordinal, o.staged_seq, o.type, "
-    "o.schema_version, o.partition_key, o.payload, o.published_at, o.staged_at, "
-    "coalesce(o.attempts, 0) AS attempts, o.last_error, o.dead_at, o.dead_reason"
-)
 
 # outbox_event_pending_idx serves the claim (staged_seq order, pending only);
 # outbox_event_pending_key_idx serves the sibling hold, one probe per claimed row.
@@ -51,7 +46,7 @@ WITH claimed AS (
        FOR UPDATE SKIP LOCKED
 )
 SELECT """
-    + _COLUMNS
+    + EVENT_COLUMNS
     + """
   FROM claimed c JOIN outbox_event o ON o.event_id = c.event_id
  WHERE c.partition_key IS NULL
@@ -84,7 +79,7 @@ PENDING: Final[LiteralString] = (
 
 DEAD_LETTERS: Final[LiteralString] = (
     "SELECT "
-    + _COLUMNS
+    + EVENT_COLUMNS
     + " FROM outbox_event o WHERE o.dead_at IS NOT NULL AND o.published_at IS NULL "
     "ORDER BY o.dead_at, o.staged_seq LIMIT %(limit)s"
 )
@@ -93,10 +88,6 @@ RETRY: Final[LiteralString] = (
     "UPDATE outbox_event SET dead_at = NULL, dead_reason = NULL, attempts = 0 "
     "WHERE event_id = %(event_id)s AND dead_at IS NOT NULL AND published_at IS NULL"
 )
-
-
-def event_record(r: dict[str, Any]) -> EventRecord:
-    return EventRecord(**r)
 
 
 class PostgresOutbox:
@@ -123,7 +114,7 @@ class PostgresOutbox:
         async with self._db.connection(bounded=False) as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
             rows = await (await cur.execute(CLAIM, params, prepare=True)).fetchall()
-            outcome = ClaimOutcome(events=tuple(event_record(r) for r in rows))
+            outcome = ClaimOutcome(events=tuple(event_of(r) for r in rows))
             yield outcome
             if outcome.acknowledged:
                 await conn.execute(
@@ -144,7 +135,7 @@ class PostgresOutbox:
         async with self._db.connection() as conn:
             cur = conn.cursor(row_factory=dict_row)
             rows = await (await cur.execute(DEAD_LETTERS, {"limit": limit})).fetchall()
-            return tuple(event_record(r) for r in rows)
+            return tuple(event_of(r) for r in rows)
 
     async def retry_dead_letter(self, event_id: str) -> bool:
         async with self._db.connection() as conn:

@@ -13,12 +13,23 @@ from typing import Any, Final, LiteralString
 
 from psycopg.rows import dict_row
 
-from flowx.stores.errors import FencedOut, LeaseLost, UnknownInstance
+from flowx.stores.columns import (
+    ACTIVE_STATES_SQL,
+    CANDIDATE_COLUMNS,
+    CREATE_COLUMNS,
+    INSTANCE_COLUMNS,
+    STEP_COLUMNS,
+    instance_of,
+    step_of,
+)
+from flowx.stores.errors import FencedOut, UnknownInstance
 from flowx.stores.postgres.changes import PostgresChanges
 from flowx.stores.postgres.commit import GroupCommitter, commit_one
 from flowx.stores.postgres.database import DedicatedConnection, PostgresDatabase, redact
 from flowx.stores.postgres.notify import StagedNotifier
 from flowx.stores.postgres.outbox import PostgresOutbox
+from flowx.stores.postgres.rows import candidates
+from flowx.stores.postgres.waits import PostgresWaits
 from flowx.stores.protocols import InstanceQuery
 from flowx.stores.records import (
     CHILD_WAIT,
@@ -26,42 +37,28 @@ from flowx.stores.records import (
     EventRecord,
     History,
     InstanceRecord,
-    InstanceState,
     Lease,
     NewInstance,
-    Outcome,
     RecoveryCandidate,
     StepCommit,
     StepRecord,
 )
-
-_INSTANCE_COLUMNS: Final = (
-    "instance_id, flow_id, flow_version, state, fence, next_sequence, input, state_bag, "
-    "state_bag_sequence, error, tenant_id, idempotency_key, correlation_id, deadline_at, "
-    "parent_instance_id, parent_scope, parent_step_id, resume_count, codec_version, "
-    "created_at, updated_at, wake_at, wake_step_id, wake_scope, wake_signal, replay_sequence, "
-    "resume_from_step"
-)
-_STEP_COLUMNS: Final = (
-    "instance_id, scope, step_id, attempt, sequence, step_name, outcome, result, "
-    "capability_id, capability_version, nondeterministic, duration_ms, committed_at"
-)
+from flowx.stores.renewal import renew_one
 
 # Primary key.
 SELECT_INSTANCE: Final[LiteralString] = (
-    "SELECT " + _INSTANCE_COLUMNS + " FROM flow_instance WHERE instance_id = %s"
+    "SELECT " + INSTANCE_COLUMNS + " FROM flow_instance WHERE instance_id = %s"
 )
 # flow_instance_idempotency_idx.
 SELECT_BY_KEY: Final[LiteralString] = (
-    "SELECT " + _INSTANCE_COLUMNS + " FROM flow_instance "
-    "WHERE flow_id = %s AND idempotency_key = %s"
+    "SELECT " + INSTANCE_COLUMNS + " FROM flow_instance WHERE flow_id = %s AND idempotency_key = %s"
 )
 # The resume read: flow_step_sequence_key, rows in commit order (R2.8). Concurrent commits
 # interleave instances' rows on disk, and the planner then prefers a bitmap scan plus a sort;
 # RESUME_READ_PLAN, run first in the same transaction, keeps it on the ordered index scan
 # (measured: 0.04 ms against 0.16 ms for 100 rows).
 SELECT_STEPS: Final[LiteralString] = (
-    "SELECT " + _STEP_COLUMNS + " FROM flow_step WHERE instance_id = %s ORDER BY sequence"
+    "SELECT " + STEP_COLUMNS + " FROM flow_step WHERE instance_id = %s ORDER BY sequence"
 )
 RESUME_READ_PLAN: Final[LiteralString] = "SET LOCAL enable_sort = off"
 # outbox_event_instance_idx.
@@ -72,15 +69,13 @@ SELECT_EVENTS: Final[LiteralString] = (
 )
 
 INSERT_INSTANCE: Final[LiteralString] = (
-    "INSERT INTO flow_instance (instance_id, flow_id, flow_version, tenant_id, state, fence, "
-    "input, state_bag, idempotency_key, correlation_id, deadline_at, parent_instance_id, "
-    "parent_scope, parent_step_id, codec_version, created_at, updated_at) "
+    "INSERT INTO flow_instance (" + CREATE_COLUMNS + ") "
     "VALUES (%(instance_id)s, %(flow_id)s, %(flow_version)s, %(tenant_id)s, %(state)s, "
     "%(token)s, %(input)s::json, %(state_bag)s::json, %(idempotency_key)s, "
     "%(correlation_id)s, %(deadline_at)s, %(parent_instance_id)s, %(parent_scope)s, "
     "%(parent_step_id)s, %(codec_version)s, coalesce(%(now)s::timestamptz, now()), "
     "coalesce(%(now)s::timestamptz, now())) "
-    "ON CONFLICT DO NOTHING RETURNING " + _INSTANCE_COLUMNS
+    "ON CONFLICT DO NOTHING RETURNING " + INSTANCE_COLUMNS
 )
 
 # Take over: the fence rises before anything is read (R2.4). A queued (Pending) or woken
@@ -89,7 +84,7 @@ OPEN_INSTANCE: Final[LiteralString] = (
     "UPDATE flow_instance SET fence = %(token)s, resume_count = resume_count + 1, "
     "state = CASE WHEN state IN ('Pending', 'Suspended') THEN 'Running' ELSE state END, "
     "updated_at = coalesce(%(now)s::timestamptz, now()), version = version + 1 "
-    "WHERE instance_id = %(instance_id)s AND fence <= %(token)s RETURNING " + _INSTANCE_COLUMNS
+    "WHERE instance_id = %(instance_id)s AND fence <= %(token)s RETURNING " + INSTANCE_COLUMNS
 )
 FENCE_OF: Final[LiteralString] = "SELECT fence FROM flow_instance WHERE instance_id = %s"
 
@@ -170,9 +165,9 @@ WITH t AS (
      WHERE l.expires_at <= excluded.acquired_at
     RETURNING fencing_token, expires_at, acquired_at
 ), created AS (
-    INSERT INTO flow_instance (instance_id, flow_id, flow_version, tenant_id, state, fence,
-        input, state_bag, idempotency_key, correlation_id, deadline_at, parent_instance_id,
-        parent_scope, parent_step_id, codec_version, created_at, updated_at)
+    INSERT INTO flow_instance ("""
+    + CREATE_COLUMNS
+    + """)
     SELECT %(instance_id)s, %(flow_id)s, %(flow_version)s, %(tenant_id)s, %(state)s,
            g.fencing_token, %(input)s::json, %(state_bag)s::json, %(idempotency_key)s,
            %(correlation_id)s, %(deadline_at)s::timestamptz, %(parent_instance_id)s::uuid,
@@ -181,7 +176,7 @@ WITH t AS (
       FROM granted g
     ON CONFLICT DO NOTHING
     RETURNING """
-    + _INSTANCE_COLUMNS
+    + INSTANCE_COLUMNS
     + """
 )
 SELECT g.fencing_token AS lease_token, g.expires_at AS lease_expires,
@@ -210,19 +205,19 @@ CURRENT_LEASE: Final[LiteralString] = (
 # flow_instance_abandoned_idx: a range scan in (updated_at, instance_id) order, no sort.
 # The cutoff is the server's clock less the idle time unless the caller pins it (R9.2).
 FIND_ABANDONED: Final[LiteralString] = (
-    "SELECT instance_id, flow_id, flow_version, state, updated_at FROM flow_instance "
-    "WHERE state IN ('Pending', 'Running', 'Compensating') "
+    "SELECT " + CANDIDATE_COLUMNS + " FROM flow_instance "
+    "WHERE state IN " + ACTIVE_STATES_SQL + " "
     "AND updated_at < coalesce(%s::timestamptz, now()) - %s::interval "
     "ORDER BY updated_at, instance_id LIMIT %s OFFSET %s"
 )
 # flow_instance_queued_idx.
 FIND_QUEUED: Final[LiteralString] = (
-    "SELECT instance_id, flow_id, flow_version, state, updated_at FROM flow_instance "
+    "SELECT " + CANDIDATE_COLUMNS + " FROM flow_instance "
     "WHERE state = 'Pending' ORDER BY updated_at, instance_id LIMIT %s OFFSET %s"
 )
 # flow_instance_created_idx, read backwards.
 LIST_INSTANCES: Final[LiteralString] = (
-    "SELECT " + _INSTANCE_COLUMNS + " FROM flow_instance "
+    "SELECT " + INSTANCE_COLUMNS + " FROM flow_instance "
     "WHERE (%(flow_id)s::text IS NULL OR flow_id = %(flow_id)s) "
     "AND (%(state)s::text IS NULL OR state = %(state)s) "
     "AND (%(before_at)s::timestamptz IS NULL OR (created_at, instance_id) < "
@@ -231,17 +226,7 @@ LIST_INSTANCES: Final[LiteralString] = (
 )
 
 
-def _instance(r: dict[str, Any]) -> InstanceRecord:
-    return InstanceRecord(**{**r, "state": InstanceState(r["state"])})
-
-
-def _step(r: dict[str, Any]) -> StepRecord:
-    return StepRecord(**{**r, "outcome": Outcome(r["outcome"])})
-
-
-def create_params(
-    instance: NewInstance, token: int, now: datetime | None
-) -> dict[str, Any]:
+def create_params(instance: NewInstance, token: int, now: datetime | None) -> dict[str, Any]:
     return {
         "instance_id": instance.instance_id,
         "flow_id": instance.flow_id,
@@ -271,7 +256,7 @@ async def existing(cur: Any, instance: NewInstance) -> InstanceRecord:
         ).fetchone()
     if row is None:  # conflicted, then vanished: a concurrent purge; report it
         raise UnknownInstance(instance.instance_id)
-    return _instance(row)
+    return instance_of(row)
 
 
 class PostgresJournal:
@@ -290,7 +275,7 @@ class PostgresJournal:
             cur = conn.cursor(row_factory=dict_row)
             row = await (await cur.execute(INSERT_INSTANCE, params)).fetchone()
             if row is not None:
-                return CreateResult(instance=_instance(row), created=True)
+                return CreateResult(instance=instance_of(row), created=True)
             return CreateResult(instance=await existing(cur, instance), created=False)
 
     async def create_leased(
@@ -310,7 +295,7 @@ class PostgresJournal:
             )
             row.pop("lease_acquired")
             if row["instance_id"] is not None:
-                return lease, CreateResult(instance=_instance(row), created=True)
+                return lease, CreateResult(instance=instance_of(row), created=True)
             return lease, CreateResult(instance=await existing(cur, instance), created=False)
 
     async def open(self, instance_id: str, *, token: int, now: datetime | None) -> History:
@@ -331,7 +316,7 @@ class PostgresJournal:
                     raise UnknownInstance(instance_id)
                 raise FencedOut(instance_id, token, int(fence[0]))
             steps = await read.fetchall()
-            return History(instance=_instance(row), steps=tuple(_step(s) for s in steps))
+            return History(instance=instance_of(row), steps=tuple(step_of(s) for s in steps))
 
     async def commit(self, commit: StepCommit) -> int | None:
         if commit.notify_parent:
@@ -368,20 +353,20 @@ class PostgresJournal:
         async with self._db.connection() as conn:
             cur = conn.cursor(row_factory=dict_row)
             row = await (await cur.execute(SELECT_INSTANCE, (instance_id,))).fetchone()
-            return _instance(row) if row else None
+            return instance_of(row) if row else None
 
     async def find_by_key(self, flow_id: str, idempotency_key: str) -> InstanceRecord | None:
         async with self._db.connection() as conn:
             cur = conn.cursor(row_factory=dict_row)
             row = await (await cur.execute(SELECT_BY_KEY, (flow_id, idempotency_key))).fetchone()
-            return _instance(row) if row else None
+            return instance_of(row) if row else None
 
     async def steps(self, instance_id: str) -> Sequence[StepRecord]:
         async with self._db.connection() as conn, conn.transaction():
             await conn.execute(RESUME_READ_PLAN)
             cur = conn.cursor(row_factory=dict_row)
             rows = await (await cur.execute(SELECT_STEPS, (instance_id,))).fetchall()
-            return tuple(_step(r) for r in rows)
+            return tuple(step_of(r) for r in rows)
 
     async def events(self, instance_id: str) -> Sequence[EventRecord]:
         async with self._db.connection() as conn:
@@ -431,12 +416,7 @@ class PostgresLeaseStore:
         return Lease(instance_id=instance_id, owner=owner, token=int(row[0]), expires_at=row[1])
 
     async def renew(self, lease: Lease, *, ttl: timedelta, now: datetime | None) -> Lease:
-        renewed = (await self.renew_many([lease], ttl=ttl, now=now))[0]
-        if renewed is None:
-            raise LeaseLost(
-                lease.instance_id, lease.token, "it expired or a newer lease was issued"
-            )
-        return renewed
+        return await renew_one(self, lease, ttl=ttl, now=now)
 
     async def renew_many(
         self, leases: Sequence[Lease], *, ttl: timedelta, now: datetime | None
@@ -495,24 +475,6 @@ class PostgresRecoveryIndex:
         return await candidates(self._db, query, args)
 
 
-async def candidates(
-    db: PostgresDatabase, query: LiteralString, args: tuple[Any, ...]
-) -> Sequence[RecoveryCandidate]:
-    """Run a candidate query (the recovery scan's, the timer's) and read its rows."""
-    async with db.connection() as conn:
-        rows = await (await conn.execute(query, args)).fetchall()
-    return tuple(
-        RecoveryCandidate(
-            instance_id=r[0],
-            flow_id=r[1],
-            flow_version=r[2],
-            state=InstanceState(r[3]),
-            updated_at=r[4],
-        )
-        for r in rows
-    )
-
-
 class PostgresCatalog:
     """``InstanceCatalog``: newest first, keyset paged."""
 
@@ -530,7 +492,7 @@ class PostgresCatalog:
         async with self._db.connection() as conn:
             cur = conn.cursor(row_factory=dict_row)
             rows = await (await cur.execute(LIST_INSTANCES, params)).fetchall()
-        return tuple(_instance(r) for r in rows)
+        return tuple(instance_of(r) for r in rows)
 
 
 class PostgresStores:
@@ -548,9 +510,6 @@ class PostgresStores:
         self.catalog = PostgresCatalog(self.db)
         self.outbox = PostgresOutbox(self.db)
         self.changes = PostgresChanges(self.db)
-        # Imported here: waits.py reads the journal's row shape from this module.
-        from flowx.stores.postgres.waits import PostgresWaits
-
         self.waits = PostgresWaits(self.db)
 
     async def create_leased(

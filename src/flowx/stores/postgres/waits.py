@@ -16,9 +16,17 @@ from typing import Any, Final, LiteralString
 import psycopg
 from psycopg.rows import dict_row
 
+from flowx.stores.columns import (
+    CANDIDATE_COLUMNS,
+    INSTANCE_COLUMNS,
+    SIGNAL_COLUMNS,
+    TERMINAL_STATES_SQL,
+    instance_of,
+    signal_of,
+)
 from flowx.stores.errors import FencedOut, InstanceFinished, UnknownInstance
 from flowx.stores.postgres.database import PostgresDatabase
-from flowx.stores.postgres.store import _INSTANCE_COLUMNS, _instance, candidates
+from flowx.stores.postgres.rows import candidates
 from flowx.stores.records import (
     InstanceRecord,
     InstanceState,
@@ -46,7 +54,7 @@ SUSPEND: Final[LiteralString] = (
     "AND NOT EXISTS (SELECT 1 FROM flow_signal WHERE instance_id = %(instance_id)s "
     "AND name = %(signal)s AND seq <> ALL (%(consumed)s::bigint[])) "
     "AND NOT EXISTS (SELECT 1 FROM flow_instance c WHERE c.instance_id = %(child)s::uuid "
-    "AND c.state IN ('Completed', 'Failed', 'TimedOut', 'CompensationFailed')) "
+    "AND c.state IN " + TERMINAL_STATES_SQL + ") "
     "RETURNING 1"
 )
 
@@ -64,10 +72,13 @@ LOCK_FOR_SIGNAL: Final[LiteralString] = (
 # byte for byte (R2.1). The last two columns are the first copy's seq for a repeated key and
 # the latest seq of the name (this statement's own insert is visible to neither). Sent with
 # the lock and the COMMIT in one pipeline: one round trip.
-DELIVER_SIGNAL: Final[LiteralString] = """
+DELIVER_SIGNAL: Final[LiteralString] = (
+    """
 WITH live AS (
     SELECT 1 FROM flow_instance WHERE instance_id = %(instance_id)s
-       AND state NOT IN ('Completed', 'Failed', 'TimedOut', 'CompensationFailed')
+       AND state NOT IN """
+    + TERMINAL_STATES_SQL
+    + """
        AND (%(limit)s::int IS NULL
             OR (SELECT count(*) FROM flow_signal
                  WHERE instance_id = %(instance_id)s AND name = %(name)s) < %(limit)s::int)
@@ -87,20 +98,21 @@ SELECT (SELECT seq FROM kept), (SELECT count(*) FROM woken),
          AND key = %(key)s),
        (SELECT max(seq) FROM flow_signal WHERE instance_id = %(instance_id)s AND name = %(name)s)
 """
+)
 # flow_signal_inbox_idx, in seq order.
 SELECT_SIGNALS: Final[LiteralString] = (
-    "SELECT instance_id, name, seq, key, payload, received_at FROM flow_signal "
+    "SELECT " + SIGNAL_COLUMNS + " FROM flow_signal "
     "WHERE instance_id = %s AND name = %s ORDER BY seq"
 )
 
 # flow_instance_wake_idx: a range scan of the partial index in wake_at order, no sort.
 FIND_DUE: Final[LiteralString] = (
-    "SELECT instance_id, flow_id, flow_version, state, updated_at FROM flow_instance "
+    "SELECT " + CANDIDATE_COLUMNS + " FROM flow_instance "
     "WHERE state = 'Suspended' AND wake_at <= %s ORDER BY wake_at LIMIT %s"
 )
 # The same, only for the flows a node carries: still the wake_at range scan, the refs a filter.
 FIND_DUE_CARRIED: Final[LiteralString] = (
-    "SELECT instance_id, flow_id, flow_version, state, updated_at FROM flow_instance "
+    "SELECT " + CANDIDATE_COLUMNS + " FROM flow_instance "
     "WHERE state = 'Suspended' AND wake_at <= %s "
     "AND (flow_id || '@' || flow_version) = ANY (%s::text[]) ORDER BY wake_at LIMIT %s"
 )
@@ -117,7 +129,7 @@ NEXT_WAKE_CARRIED: Final[LiteralString] = (
 REARM: Final[LiteralString] = (
     "UPDATE flow_instance SET state = 'Pending', replay_sequence = next_sequence, "
     "resume_from_step = %(from_step)s, updated_at = %(now)s, version = version + 1 "
-    "WHERE instance_id = %(instance_id)s RETURNING " + _INSTANCE_COLUMNS
+    "WHERE instance_id = %(instance_id)s RETURNING " + INSTANCE_COLUMNS
 )
 
 
@@ -217,7 +229,7 @@ class PostgresWaits:
         async with self._db.connection() as conn:
             cur = conn.cursor(row_factory=dict_row)
             rows = await (await cur.execute(SELECT_SIGNALS, (instance_id, name))).fetchall()
-        return tuple(SignalRecord(**r) for r in rows)
+        return tuple(signal_of(r) for r in rows)
 
     async def find_due(
         self, *, now: datetime, limit: int, flows: Sequence[str] | None = None
@@ -243,4 +255,4 @@ class PostgresWaits:
             params = {"instance_id": instance_id, "from_step": from_step, "now": now}
             row = await (await cur.execute(REARM, params)).fetchone()
             assert row is not None  # locked above: it cannot have gone
-            return _instance(row)
+            return instance_of(row)

@@ -29,8 +29,9 @@ from typing import Any, Final
 from redis import asyncio as aioredis
 from redis import exceptions as redis_errors
 
-from flowx.stores.errors import LeaseLost, LeaseUnavailable
+from flowx.stores.errors import LeaseUnavailable
 from flowx.stores.records import Lease
+from flowx.stores.renewal import renew_one
 from flowx.urls import BadURL, redact
 
 # Time is Redis's own (TIME) unless the caller pins it (R9.2): a node whose clock runs ahead
@@ -234,14 +235,13 @@ class RedisLeaseStore:
         )
 
     async def renew(self, lease: Lease, *, ttl: timedelta, now: datetime | None) -> Lease:
-        renewed = (await self.renew_many([lease], ttl=ttl, now=now))[0]
-        if renewed is None:
-            raise LeaseLost(
-                lease.instance_id,
-                lease.token,
-                "it expired, was released or a newer lease was issued",
-            )
-        return renewed
+        return await renew_one(
+            self,
+            lease,
+            ttl=ttl,
+            now=now,
+            lost="it expired, was released or a newer lease was issued",
+        )
 
     async def renew_many(
         self, leases: Sequence[Lease], *, ttl: timedelta, now: datetime | None

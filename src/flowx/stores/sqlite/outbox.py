@@ -19,20 +19,16 @@ import sqlite3
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from datetime import datetime, timedelta
-from typing import Any, Final
+from typing import Final
 
+from flowx.stores.columns import EVENT_COLUMNS
 from flowx.stores.errors import UnknownConsumer
 from flowx.stores.outbox_claims import ClaimOutcome
 from flowx.stores.records import ChangeBatch, EventRecord, OutboxPurge
-from flowx.stores.sqlite.database import SqliteDatabase, from_text, to_text
+from flowx.stores.sqlite.database import SqliteDatabase, to_text
+from flowx.stores.sqlite.rows import event_row
 
 log = logging.getLogger("flowx.sqlite")
-
-EVENT_COLUMNS: Final = (
-    "o.event_id, o.instance_id, o.sequence, o.ordinal, o.staged_seq, o.type, "
-    "o.schema_version, o.partition_key, o.payload, o.published_at, o.staged_at, "
-    "coalesce(o.attempts, 0), o.last_error, o.dead_at, o.dead_reason"
-)
 
 _CANDIDATES: Final = (
     """
@@ -59,26 +55,6 @@ SELECT """
 )
 
 
-def event_record(row: tuple[Any, ...]) -> EventRecord:
-    return EventRecord(
-        event_id=row[0],
-        instance_id=row[1],
-        sequence=row[2],
-        ordinal=row[3],
-        staged_seq=row[4],
-        type=row[5],
-        schema_version=row[6],
-        partition_key=row[7],
-        payload=row[8],
-        published_at=from_text(row[9]) if row[9] else None,
-        staged_at=from_text(row[10]) if row[10] else None,
-        attempts=row[11],
-        last_error=row[12],
-        dead_at=from_text(row[13]) if row[13] else None,
-        dead_reason=row[14],
-    )
-
-
 class SqliteOutbox:
     """**OutboxStore** on SQLite. ``claim_ttl`` must exceed a publisher's broker timeout."""
 
@@ -97,7 +73,7 @@ class SqliteOutbox:
             rows = conn.execute(
                 _CANDIDATES, {"now": to_text(now), "limit": limit, "hold": dead_letters_hold_keys}
             ).fetchall()
-            events = tuple(event_record(r) for r in rows)
+            events = tuple(event_row(r) for r in rows)
             conn.executemany(
                 "UPDATE outbox_event SET claimed_by = ?, claim_until = ? WHERE staged_seq = ?",
                 [(stamp, until, e.staged_seq) for e in events],
@@ -157,7 +133,7 @@ class SqliteOutbox:
                 "AND o.published_at IS NULL ORDER BY o.dead_at, o.staged_seq LIMIT ?",
                 (limit,),
             )
-            return tuple(event_record(r) for r in rows)
+            return tuple(event_row(r) for r in rows)
 
         return await self._db.run(q)
 
@@ -208,7 +184,7 @@ class SqliteChanges:
                 "ORDER BY o.staged_seq LIMIT ?",
                 (row[0], limit),
             ).fetchall()
-            events = tuple(event_record(r) for r in rows)
+            events = tuple(event_row(r) for r in rows)
             return ChangeBatch(
                 consumer=consumer,
                 events=events,

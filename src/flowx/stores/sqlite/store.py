@@ -16,7 +16,15 @@ from pathlib import Path
 from typing import Any, Final
 
 from flowx.clock import or_process_now
-from flowx.stores.errors import DuplicateStep, FencedOut, LeaseLost, UnknownInstance
+from flowx.stores.columns import (
+    ACTIVE_STATES_SQL,
+    CANDIDATE_COLUMNS,
+    CREATE_COLUMNS,
+    EVENT_COLUMNS,
+    INSTANCE_COLUMNS,
+    STEP_COLUMNS,
+)
+from flowx.stores.errors import DuplicateStep, FencedOut, UnknownInstance
 from flowx.stores.protocols import InstanceQuery
 from flowx.stores.records import (
     CHILD_WAIT,
@@ -24,106 +32,51 @@ from flowx.stores.records import (
     EventRecord,
     History,
     InstanceRecord,
-    InstanceState,
     Lease,
     NewInstance,
-    Outcome,
     RecoveryCandidate,
     StepCommit,
     StepRecord,
 )
+from flowx.stores.renewal import renew_one
 from flowx.stores.sqlite.database import SqliteDatabase, from_text, to_text
-from flowx.stores.sqlite.outbox import EVENT_COLUMNS, SqliteChanges, SqliteOutbox, event_record
-
-_INSTANCE_COLUMNS: Final = (
-    "instance_id, flow_id, flow_version, state, fence, next_sequence, input, state_bag, "
-    "state_bag_sequence, error, tenant_id, idempotency_key, correlation_id, deadline_at, "
-    "parent_instance_id, parent_scope, parent_step_id, resume_count, codec_version, "
-    "created_at, updated_at, wake_at, wake_step_id, wake_scope, wake_signal, replay_sequence, "
-    "resume_from_step"
+from flowx.stores.sqlite.outbox import SqliteChanges, SqliteOutbox
+from flowx.stores.sqlite.rows import (
+    SELECT_INSTANCE,
+    candidates,
+    event_row,
+    instance_row,
+    read_instance,
+    step_row,
 )
-_STEP_COLUMNS: Final = (
-    "instance_id, scope, step_id, attempt, sequence, step_name, outcome, result, "
-    "capability_id, capability_version, nondeterministic, duration_ms, committed_at"
-)
+from flowx.stores.sqlite.waits import SqliteWaits
 
-_SELECT_INSTANCE: Final = f"SELECT {_INSTANCE_COLUMNS} FROM flow_instance WHERE instance_id = ?"
 # Served by the primary key; rows come back in commit order (R2.8).
 _SELECT_STEPS: Final = (
-    f"SELECT {_STEP_COLUMNS} FROM flow_step WHERE instance_id = ? ORDER BY sequence"
+    f"SELECT {STEP_COLUMNS} FROM flow_step WHERE instance_id = ? ORDER BY sequence"
 )
-
-
-def _instance(row: tuple[Any, ...]) -> InstanceRecord:
-    return InstanceRecord(
-        instance_id=row[0],
-        flow_id=row[1],
-        flow_version=row[2],
-        state=InstanceState(row[3]),
-        fence=row[4],
-        next_sequence=row[5],
-        input=row[6],
-        state_bag=row[7],
-        state_bag_sequence=row[8],
-        error=row[9],
-        tenant_id=row[10],
-        idempotency_key=row[11],
-        correlation_id=row[12],
-        deadline_at=from_text(row[13]) if row[13] else None,
-        parent_instance_id=row[14],
-        parent_scope=row[15],
-        parent_step_id=row[16],
-        resume_count=row[17],
-        codec_version=row[18],
-        created_at=from_text(row[19]),
-        updated_at=from_text(row[20]),
-        wake_at=from_text(row[21]) if row[21] else None,
-        wake_step_id=row[22],
-        wake_scope=row[23],
-        wake_signal=row[24],
-        replay_sequence=row[25],
-        resume_from_step=row[26],
-    )
-
-
-def _step(row: tuple[Any, ...]) -> StepRecord:
-    return StepRecord(
-        instance_id=row[0],
-        scope=row[1],
-        step_id=row[2],
-        attempt=row[3],
-        sequence=row[4],
-        step_name=row[5],
-        outcome=Outcome(row[6]),
-        result=row[7],
-        capability_id=row[8],
-        capability_version=row[9],
-        nondeterministic=row[10],
-        duration_ms=row[11],
-        committed_at=from_text(row[12]),
-    )
+# Primary key, both.
+_FENCE_OF: Final = "SELECT fence FROM flow_instance WHERE instance_id = ?"
+_RAISE_FENCE: Final = "UPDATE flow_instance SET fence = ? WHERE instance_id = ? AND fence < ?"
+# flow_instance_idempotency_idx.
+_SELECT_BY_KEY: Final = (
+    f"SELECT {INSTANCE_COLUMNS} FROM flow_instance WHERE flow_id = ? AND idempotency_key = ?"
+)
 
 
 def create_in(
     conn: sqlite3.Connection, instance: NewInstance, token: int, now: datetime | None
 ) -> CreateResult:
     """Insert the instance row inside the caller's write transaction."""
-    row = conn.execute(_SELECT_INSTANCE, (instance.instance_id,)).fetchone()
+    row = conn.execute(SELECT_INSTANCE, (instance.instance_id,)).fetchone()
     if row is None and instance.idempotency_key is not None:
-        row = conn.execute(
-            f"SELECT {_INSTANCE_COLUMNS} FROM flow_instance "
-            "WHERE flow_id = ? AND idempotency_key = ?",  # flow_instance_idempotency_idx
-            (instance.flow_id, instance.idempotency_key),
-        ).fetchone()
+        row = conn.execute(_SELECT_BY_KEY, (instance.flow_id, instance.idempotency_key)).fetchone()
     if row is not None:
-        return CreateResult(instance=_instance(row), created=False)
+        return CreateResult(instance=instance_row(row), created=False)
     stamp = to_text(or_process_now(now))  # read under the write lock
     conn.execute(
-        "INSERT INTO flow_instance (instance_id, flow_id, flow_version, tenant_id, "
-        "state, fence, next_sequence, input, state_bag, idempotency_key, "
-        "correlation_id, deadline_at, parent_instance_id, parent_scope, "
-        "parent_step_id, codec_version, created_at, updated_at) "
-        "VALUES (?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        f"INSERT INTO flow_instance ({CREATE_COLUMNS}) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
             instance.instance_id,
             instance.flow_id,
@@ -144,8 +97,9 @@ def create_in(
             stamp,
         ),
     )
-    created = conn.execute(_SELECT_INSTANCE, (instance.instance_id,)).fetchone()
-    return CreateResult(instance=_instance(created), created=True)
+    created = read_instance(conn, instance.instance_id)
+    assert created is not None  # written above, in this transaction
+    return CreateResult(instance=created, created=True)
 
 
 # A child's terminal commit wakes its parent if the parent is Suspended waiting for this very
@@ -198,22 +152,6 @@ def acquire_in(
     return Lease(instance_id=instance_id, owner=owner, token=token, expires_at=expires)
 
 
-def candidates(
-    conn: sqlite3.Connection, sql: str, args: tuple[Any, ...]
-) -> Sequence[RecoveryCandidate]:
-    """Run a candidate query (the recovery scan's, the timer's) and read its rows."""
-    return tuple(
-        RecoveryCandidate(
-            instance_id=r[0],
-            flow_id=r[1],
-            flow_version=r[2],
-            state=InstanceState(r[3]),
-            updated_at=from_text(r[4]),
-        )
-        for r in conn.execute(sql, args)
-    )
-
-
 class SqliteJournal:
     """``FlowJournal`` on the SQLite file."""
 
@@ -228,9 +166,7 @@ class SqliteJournal:
     async def open(self, instance_id: str, *, token: int, now: datetime | None) -> History:
         def tx(conn: sqlite3.Connection) -> History:
             stamp = to_text(or_process_now(now))  # read under the write lock
-            row = conn.execute(
-                "SELECT fence FROM flow_instance WHERE instance_id = ?", (instance_id,)
-            ).fetchone()
+            row = conn.execute(_FENCE_OF, (instance_id,)).fetchone()
             if row is None:
                 raise UnknownInstance(instance_id)
             if token < row[0]:
@@ -244,8 +180,9 @@ class SqliteJournal:
                 "updated_at = ?, version = version + 1 WHERE instance_id = ?",
                 (token, stamp, instance_id),
             )
-            instance = _instance(conn.execute(_SELECT_INSTANCE, (instance_id,)).fetchone())
-            steps = tuple(_step(r) for r in conn.execute(_SELECT_STEPS, (instance_id,)))
+            instance = read_instance(conn, instance_id)
+            assert instance is not None  # its fence was read above, under the write lock
+            steps = tuple(step_row(r) for r in conn.execute(_SELECT_STEPS, (instance_id,)))
             return History(instance=instance, steps=steps)
 
         return await self._db.write(tx)
@@ -285,9 +222,7 @@ class SqliteJournal:
                 return None
             try:
                 conn.execute(
-                    "INSERT INTO flow_step (instance_id, scope, step_id, attempt, sequence, "
-                    "step_name, outcome, result, capability_id, capability_version, "
-                    "nondeterministic, duration_ms, committed_at) "
+                    f"INSERT INTO flow_step ({STEP_COLUMNS}) "
                     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         commit.instance_id,
@@ -352,36 +287,31 @@ class SqliteJournal:
 
     async def get(self, instance_id: str) -> InstanceRecord | None:
         def q(conn: sqlite3.Connection) -> InstanceRecord | None:
-            row = conn.execute(_SELECT_INSTANCE, (instance_id,)).fetchone()
-            return _instance(row) if row else None
+            return read_instance(conn, instance_id)
 
         return await self._db.run(q)
 
     async def find_by_key(self, flow_id: str, idempotency_key: str) -> InstanceRecord | None:
         def q(conn: sqlite3.Connection) -> InstanceRecord | None:
-            row = conn.execute(
-                f"SELECT {_INSTANCE_COLUMNS} FROM flow_instance "
-                "WHERE flow_id = ? AND idempotency_key = ?",  # flow_instance_idempotency_idx
-                (flow_id, idempotency_key),
-            ).fetchone()
-            return _instance(row) if row else None
+            row = conn.execute(_SELECT_BY_KEY, (flow_id, idempotency_key)).fetchone()
+            return instance_row(row) if row else None
 
         return await self._db.run(q)
 
     async def steps(self, instance_id: str) -> Sequence[StepRecord]:
         def q(conn: sqlite3.Connection) -> Sequence[StepRecord]:
-            return tuple(_step(r) for r in conn.execute(_SELECT_STEPS, (instance_id,)))
+            return tuple(step_row(r) for r in conn.execute(_SELECT_STEPS, (instance_id,)))
 
         return await self._db.run(q)
 
     async def events(self, instance_id: str) -> Sequence[EventRecord]:
         def q(conn: sqlite3.Connection) -> Sequence[EventRecord]:
-            rows = conn.execute(
+            found = conn.execute(
                 f"SELECT {EVENT_COLUMNS} FROM outbox_event o WHERE o.instance_id = ? "
                 "ORDER BY staged_seq",  # outbox_event_instance_idx
                 (instance_id,),
             )
-            return tuple(event_record(r) for r in rows)
+            return tuple(event_row(r) for r in found)
 
         return await self._db.run(q)
 
@@ -401,17 +331,20 @@ class SqliteLeaseStore:
         now: datetime | None,
         floor: int = 0,
     ) -> Lease | None:
-        return await self._db.write(
-            lambda conn: acquire_in(conn, instance_id, owner, ttl, now, floor)
-        )
+        def tx(conn: sqlite3.Connection) -> Lease | None:
+            row = conn.execute(_FENCE_OF, (instance_id,)).fetchone()
+            fence = row[0] if row is not None else 0
+            lease = acquire_in(conn, instance_id, owner, ttl, now, max(floor, fence))
+            if lease is not None and row is not None:
+                # The fence rises on acquisition (R2.4): from here on a zombie holding an
+                # older token is refused, before the new owner has written or read anything.
+                conn.execute(_RAISE_FENCE, (lease.token, instance_id, lease.token))
+            return lease
+
+        return await self._db.write(tx)
 
     async def renew(self, lease: Lease, *, ttl: timedelta, now: datetime | None) -> Lease:
-        renewed = (await self.renew_many([lease], ttl=ttl, now=now))[0]
-        if renewed is None:
-            raise LeaseLost(
-                lease.instance_id, lease.token, "it expired or a newer lease was issued"
-            )
-        return renewed
+        return await renew_one(self, lease, ttl=ttl, now=now)
 
     async def renew_many(
         self, leases: Sequence[Lease], *, ttl: timedelta, now: datetime | None
@@ -474,16 +407,16 @@ class SqliteRecoveryIndex:
         self, *, now: datetime | None, idle_for: timedelta, limit: int, offset: int = 0
     ) -> Sequence[RecoveryCandidate]:
         return await self._page(
-            "SELECT instance_id, flow_id, flow_version, state, updated_at "
+            f"SELECT {CANDIDATE_COLUMNS} "
             "FROM flow_instance INDEXED BY flow_instance_abandoned_idx "
-            "WHERE state IN ('Pending', 'Running', 'Compensating') AND updated_at < ? "
+            f"WHERE state IN {ACTIVE_STATES_SQL} AND updated_at < ? "
             "ORDER BY updated_at, instance_id LIMIT ? OFFSET ?",
             (to_text(or_process_now(now) - idle_for), limit, offset),
         )
 
     async def find_queued(self, *, limit: int, offset: int = 0) -> Sequence[RecoveryCandidate]:
         return await self._page(
-            "SELECT instance_id, flow_id, flow_version, state, updated_at "
+            f"SELECT {CANDIDATE_COLUMNS} "
             "FROM flow_instance INDEXED BY flow_instance_queued_idx "
             "WHERE state = 'Pending' ORDER BY updated_at, instance_id LIMIT ? OFFSET ?",
             (limit, offset),
@@ -515,10 +448,10 @@ class SqliteCatalog:
                 where.append("(created_at, instance_id) < (?, ?)")
                 args.extend([to_text(query.before[0]), query.before[1]])
             sql = (
-                f"SELECT {_INSTANCE_COLUMNS} FROM flow_instance WHERE {' AND '.join(where)} "
+                f"SELECT {INSTANCE_COLUMNS} FROM flow_instance WHERE {' AND '.join(where)} "
                 "ORDER BY created_at DESC, instance_id DESC LIMIT ?"
             )
-            return tuple(_instance(r) for r in conn.execute(sql, (*args, query.limit)))
+            return tuple(instance_row(r) for r in conn.execute(sql, (*args, query.limit)))
 
         return await self._db.run(q)
 
@@ -535,9 +468,6 @@ class SqliteStores:
         self.catalog = SqliteCatalog(self.db)
         self.outbox = SqliteOutbox(self.db)
         self.changes = SqliteChanges(self.db)
-        # Imported here: waits.py reads the journal's row shape from this module.
-        from flowx.stores.sqlite.waits import SqliteWaits
-
         self.waits = SqliteWaits(self.db)
 
     async def create_leased(

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Final
 
+from flowx.stores.columns import CANDIDATE_COLUMNS, SIGNAL_COLUMNS, TERMINAL_STATES_SQL
 from flowx.stores.errors import FencedOut, InstanceFinished, UnknownInstance
 from flowx.stores.records import (
     InstanceRecord,
@@ -25,7 +26,7 @@ from flowx.stores.records import (
     SuspendCommit,
 )
 from flowx.stores.sqlite.database import SqliteDatabase, from_text, to_text
-from flowx.stores.sqlite.store import _SELECT_INSTANCE, _instance, candidates
+from flowx.stores.sqlite.rows import candidates, read_instance, signal_row
 
 # Primary key.
 FENCE_OF: Final = "SELECT fence FROM flow_instance WHERE instance_id = ?"
@@ -36,7 +37,7 @@ SUSPEND_BLOCKED: Final = (
     "SELECT EXISTS (SELECT 1 FROM flow_signal WHERE instance_id = :instance_id "
     "AND name = :signal AND seq NOT IN (SELECT value FROM json_each(:consumed))) "
     "OR EXISTS (SELECT 1 FROM flow_instance WHERE instance_id = :child "
-    "AND state IN ('Completed', 'Failed', 'TimedOut', 'CompensationFailed'))"
+    f"AND state IN {TERMINAL_STATES_SQL})"
 )
 # The seal: parking and scheduling the wake are this one write (R2.11). Primary key.
 SUSPEND: Final = (
@@ -64,19 +65,18 @@ WAKE_ON_SIGNAL: Final = (
 )
 # flow_signal_inbox_idx, in seq order.
 SELECT_SIGNALS: Final = (
-    "SELECT instance_id, name, seq, key, payload, received_at FROM flow_signal "
-    "WHERE instance_id = ? AND name = ? ORDER BY seq"
+    f"SELECT {SIGNAL_COLUMNS} FROM flow_signal WHERE instance_id = ? AND name = ? ORDER BY seq"
 )
 
 # flow_instance_wake_idx, read in wake_at order: no sort.
 FIND_DUE: Final = (
-    "SELECT instance_id, flow_id, flow_version, state, updated_at "
+    f"SELECT {CANDIDATE_COLUMNS} "
     "FROM flow_instance INDEXED BY flow_instance_wake_idx "
     "WHERE state = 'Suspended' AND wake_at <= ? ORDER BY wake_at LIMIT ?"
 )
 # The same, only for the flows a node carries (a JSON list of "flow_id@version" refs).
 FIND_DUE_CARRIED: Final = (
-    "SELECT instance_id, flow_id, flow_version, state, updated_at "
+    f"SELECT {CANDIDATE_COLUMNS} "
     "FROM flow_instance INDEXED BY flow_instance_wake_idx "
     "WHERE state = 'Suspended' AND wake_at <= ? "
     "AND (flow_id || '@' || flow_version) IN (SELECT value FROM json_each(?)) "
@@ -193,17 +193,7 @@ class SqliteWaits:
 
     async def signals(self, instance_id: str, name: str) -> Sequence[SignalRecord]:
         def q(conn: sqlite3.Connection) -> Sequence[SignalRecord]:
-            return tuple(
-                SignalRecord(
-                    instance_id=r[0],
-                    name=r[1],
-                    seq=r[2],
-                    key=r[3],
-                    payload=r[4],
-                    received_at=from_text(r[5]),
-                )
-                for r in conn.execute(SELECT_SIGNALS, (instance_id, name))
-            )
+            return tuple(signal_row(r) for r in conn.execute(SELECT_SIGNALS, (instance_id, name)))
 
         return await self._db.run(q)
 
@@ -234,6 +224,8 @@ class SqliteWaits:
         def tx(conn: sqlite3.Connection) -> InstanceRecord:
             _check_fence(conn, instance_id, token)
             conn.execute(REARM, (from_step, to_text(now), instance_id))
-            return _instance(conn.execute(_SELECT_INSTANCE, (instance_id,)).fetchone())
+            record = read_instance(conn, instance_id)
+            assert record is not None  # its fence was read above, under the write lock
+            return record
 
         return await self._db.write(tx)

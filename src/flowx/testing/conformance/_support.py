@@ -6,7 +6,15 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from flowx.stores.records import EventWrite, NewInstance, Outcome, StepWrite, SuspendCommit, Wake
+from flowx.stores.records import (
+    EventWrite,
+    NewInstance,
+    Outcome,
+    StepCommit,
+    StepWrite,
+    SuspendCommit,
+    Wake,
+)
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 
@@ -60,6 +68,12 @@ def event(key: str | None = "k", payload: str = '{"n":1}') -> EventWrite:
         partition_key=key,
         payload=payload,
     )
+
+
+def commit(iid: str, *, token: int, now: float, **fields: Any) -> StepCommit:
+    """A commit to ``iid`` under ``token`` at ``now`` (seconds after T0); ``fields`` as for
+    ``StepCommit`` (``step``, ``state``, ``state_bag``, ``events``, ``notify_parent``...)."""
+    return StepCommit(instance_id=iid, token=token, now=at(now), **fields)
 
 
 async def make_instance(stores: Any, *, token: int = 1, **kw: Any) -> str:

@@ -10,8 +10,16 @@ import pytest
 
 from flowx.stores.errors import DuplicateStep, FencedOut, UnknownInstance
 from flowx.stores.protocols import StoreClock
-from flowx.stores.records import InstanceState, Outcome, StepCommit
-from flowx.testing.conformance._support import at, event, instance, new_id, step
+from flowx.stores.records import InstanceState, Outcome
+from flowx.testing.conformance._support import (
+    at,
+    commit,
+    event,
+    instance,
+    make_instance,
+    new_id,
+    step,
+)
 
 
 class JournalConformance:
@@ -70,27 +78,23 @@ class JournalConformance:
         assert (await stores.journal.get(iid)).input == '{"a":1}'
 
     async def test_commits_allocate_sequences_in_commit_order(self, stores: Any) -> None:
-        iid = (await stores.journal.create(instance(), token=1, now=at(0))).instance.instance_id
+        iid = await make_instance(stores)
         seqs = []
         for sid in (3, 1, 2):  # commit order, not step order
-            seqs.append(
-                await stores.journal.commit(
-                    StepCommit(instance_id=iid, token=1, now=at(sid), step=step(sid))
-                )
-            )
+            seqs.append(await stores.journal.commit(commit(iid, token=1, now=sid, step=step(sid))))
         assert seqs == [1, 2, 3]
         rows = await stores.journal.steps(iid)
         assert [(r.step_id, r.sequence) for r in rows] == [(3, 1), (1, 2), (2, 3)]
         assert (await stores.journal.get(iid)).next_sequence == 4
 
     async def test_a_stale_token_is_refused_and_writes_nothing(self, stores: Any) -> None:
-        iid = (await stores.journal.create(instance(), token=5, now=at(0))).instance.instance_id
+        iid = await make_instance(stores, token=5)
         with pytest.raises(FencedOut) as refused:
             await stores.journal.commit(
-                StepCommit(
-                    instance_id=iid,
+                commit(
+                    iid,
                     token=4,
-                    now=at(1),
+                    now=1,
                     step=step(1),
                     state_bag='{"x":1}',
                     state=InstanceState.COMPLETED,
@@ -108,23 +112,16 @@ class JournalConformance:
         assert list(await stores.journal.events(iid)) == []
 
     async def test_the_fence_rises_on_open_before_any_write(self, stores: Any) -> None:
-        iid = (await stores.journal.create(instance(), token=1, now=at(0))).instance.instance_id
-        await stores.journal.commit(StepCommit(instance_id=iid, token=1, now=at(1), step=step(1)))
+        iid = await make_instance(stores)
+        await stores.journal.commit(commit(iid, token=1, now=1, step=step(1)))
         history = await stores.journal.open(iid, token=2, now=at(2))
         assert history.instance.fence == 2
         with pytest.raises(FencedOut):  # the old owner is a zombie from this moment on
-            await stores.journal.commit(
-                StepCommit(instance_id=iid, token=1, now=at(3), step=step(2))
-            )
-        assert (
-            await stores.journal.commit(
-                StepCommit(instance_id=iid, token=2, now=at(3), step=step(2))
-            )
-            == 2
-        )
+            await stores.journal.commit(commit(iid, token=1, now=3, step=step(2)))
+        assert await stores.journal.commit(commit(iid, token=2, now=3, step=step(2))) == 2
 
     async def test_open_with_a_token_below_the_fence_is_refused(self, stores: Any) -> None:
-        iid = (await stores.journal.create(instance(), token=7, now=at(0))).instance.instance_id
+        iid = await make_instance(stores, token=7)
         with pytest.raises(FencedOut):
             await stores.journal.open(iid, token=6, now=at(1))
         assert (await stores.journal.get(iid)).fence == 7
@@ -133,22 +130,18 @@ class JournalConformance:
         with pytest.raises(UnknownInstance):
             await stores.journal.open(new_id(), token=1, now=at(0))
         with pytest.raises(UnknownInstance):
-            await stores.journal.commit(
-                StepCommit(instance_id=new_id(), token=1, now=at(0), step=step(1))
-            )
+            await stores.journal.commit(commit(new_id(), token=1, now=0, step=step(1)))
         assert await stores.journal.get(new_id()) is None
 
     async def test_a_duplicate_step_raises_and_writes_nothing(self, stores: Any) -> None:
-        iid = (await stores.journal.create(instance(), token=1, now=at(0))).instance.instance_id
-        await stores.journal.commit(
-            StepCommit(instance_id=iid, token=1, now=at(1), step=step(1), state_bag='{"v":1}')
-        )
+        iid = await make_instance(stores)
+        await stores.journal.commit(commit(iid, token=1, now=1, step=step(1), state_bag='{"v":1}'))
         with pytest.raises(DuplicateStep) as dup:
             await stores.journal.commit(
-                StepCommit(
-                    instance_id=iid,
+                commit(
+                    iid,
                     token=1,
-                    now=at(2),
+                    now=2,
                     step=step(1, result='"other"'),
                     state_bag='{"v":2}',
                     events=(event(),),
@@ -165,32 +158,30 @@ class JournalConformance:
     async def test_the_same_step_in_another_scope_or_attempt_is_not_a_duplicate(
         self, stores: Any
     ) -> None:
-        iid = (await stores.journal.create(instance(), token=1, now=at(0))).instance.instance_id
+        iid = await make_instance(stores)
         for write in (
             step(4, scope="0"),
             step(4, scope="1"),
             step(4, scope="1", attempt=2),
             step(4, scope="1/0"),
         ):
-            await stores.journal.commit(StepCommit(instance_id=iid, token=1, now=at(1), step=write))
+            await stores.journal.commit(commit(iid, token=1, now=1, step=write))
         rows = await stores.journal.steps(iid)
         assert [(r.scope, r.attempt) for r in rows] == [("0", 1), ("1", 1), ("1", 2), ("1/0", 1)]
 
     async def test_the_frontier_of_a_partial_history(self, stores: Any) -> None:
-        iid = (await stores.journal.create(instance(), token=1, now=at(0))).instance.instance_id
+        iid = await make_instance(stores)
         j = stores.journal
+        await j.commit(commit(iid, token=1, now=1, step=step(1), state_bag='{"s":1}'))
         await j.commit(
-            StepCommit(instance_id=iid, token=1, now=at(1), step=step(1), state_bag='{"s":1}')
-        )
-        await j.commit(
-            StepCommit(
-                instance_id=iid,
+            commit(
+                iid,
                 token=1,
-                now=at(2),
+                now=2,
                 step=step(2, outcome=Outcome.FAILURE, result='{"e":1}'),
             )
         )
-        await j.commit(StepCommit(instance_id=iid, token=1, now=at(3), step=step(2, 2)))
+        await j.commit(commit(iid, token=1, now=3, step=step(2, 2)))
         history = await j.open(iid, token=2, now=at(10))
         assert [(r.step_id, r.attempt, r.outcome, r.sequence) for r in history.steps] == [
             (1, 1, Outcome.SUCCESS, 1),
@@ -206,10 +197,10 @@ class JournalConformance:
         assert row.committed_at == at(1)
 
     async def test_resume_count_counts_takeovers_since_the_last_commit(self, stores: Any) -> None:
-        iid = (await stores.journal.create(instance(), token=1, now=at(0))).instance.instance_id
+        iid = await make_instance(stores)
         assert (await stores.journal.open(iid, token=2, now=at(1))).instance.resume_count == 1
         assert (await stores.journal.open(iid, token=3, now=at(2))).instance.resume_count == 2
-        await stores.journal.commit(StepCommit(instance_id=iid, token=3, now=at(3), step=step(1)))
+        await stores.journal.commit(commit(iid, token=3, now=3, step=step(1)))
         assert (await stores.journal.get(iid)).resume_count == 0
 
     async def test_open_moves_a_pending_instance_to_running(self, stores: Any) -> None:
@@ -221,12 +212,12 @@ class JournalConformance:
         assert history.instance.state is InstanceState.RUNNING
 
     async def test_a_transition_without_a_step_consumes_no_sequence(self, stores: Any) -> None:
-        iid = (await stores.journal.create(instance(), token=1, now=at(0))).instance.instance_id
+        iid = await make_instance(stores)
         seq = await stores.journal.commit(
-            StepCommit(
-                instance_id=iid,
+            commit(
+                iid,
                 token=1,
-                now=at(4),
+                now=4,
                 state=InstanceState.FAILED,
                 error='{"m":"x"}',
                 state_bag='{"end":true}',
@@ -241,15 +232,11 @@ class JournalConformance:
         assert after.updated_at == at(4)
 
     async def test_events_are_staged_with_their_step_in_order(self, stores: Any) -> None:
-        a = (await stores.journal.create(instance(), token=1, now=at(0))).instance.instance_id
-        b = (await stores.journal.create(instance(), token=1, now=at(0))).instance.instance_id
+        a = await make_instance(stores)
+        b = await make_instance(stores)
         first, second, third = event("k1"), event("k2"), event(None)
-        await stores.journal.commit(
-            StepCommit(instance_id=a, token=1, now=at(1), step=step(1), events=(first, second))
-        )
-        await stores.journal.commit(
-            StepCommit(instance_id=b, token=1, now=at(2), step=step(1), events=(third,))
-        )
+        await stores.journal.commit(commit(a, token=1, now=1, step=step(1), events=(first, second)))
+        await stores.journal.commit(commit(b, token=1, now=2, step=step(1), events=(third,)))
         ea = await stores.journal.events(a)
         eb = await stores.journal.events(b)
         assert [(e.event_id, e.sequence, e.ordinal) for e in ea] == [
@@ -265,35 +252,33 @@ class JournalConformance:
     async def test_concurrent_commits_succeed_or_fail_one_by_one(self, stores: Any) -> None:
         """A store that groups commits (one transaction for many) must keep each atomic."""
         j = stores.journal
-        good = (await j.create(instance(), token=1, now=at(0))).instance.instance_id
-        fenced = (await j.create(instance(), token=5, now=at(0))).instance.instance_id
-        dup = (await j.create(instance(), token=1, now=at(0))).instance.instance_id
-        await j.commit(StepCommit(instance_id=dup, token=1, now=at(1), step=step(1)))
+        good = await make_instance(stores)
+        fenced = await make_instance(stores, token=5)
+        dup = await make_instance(stores)
+        await j.commit(commit(dup, token=1, now=1, step=step(1)))
         results = await asyncio.gather(
             j.commit(
-                StepCommit(
-                    instance_id=good,
+                commit(
+                    good,
                     token=1,
-                    now=at(2),
+                    now=2,
                     step=step(1),
                     state_bag='{"g":1}',
                     events=(event(),),
                 )
             ),
             j.commit(
-                StepCommit(
-                    instance_id=fenced,
+                commit(
+                    fenced,
                     token=4,
-                    now=at(2),
+                    now=2,
                     step=step(1),
                     state_bag='{"f":1}',
                     events=(event(),),
                 )
             ),
-            j.commit(
-                StepCommit(instance_id=dup, token=1, now=at(2), step=step(1), state_bag='{"d":1}')
-            ),
-            j.commit(StepCommit(instance_id=good, token=1, now=at(3), step=step(2))),
+            j.commit(commit(dup, token=1, now=2, step=step(1), state_bag='{"d":1}')),
+            j.commit(commit(good, token=1, now=3, step=step(2))),
             return_exceptions=True,
         )
         assert results[0] == 1 and results[3] == 2

@@ -7,9 +7,18 @@ from typing import Any
 
 import pytest
 
-from flowx.stores.errors import LeaseLost
+from flowx.stores.errors import FencedOut, LeaseLost
+from flowx.stores.paired import PairedStores
 from flowx.stores.protocols import LeasedCreate, StoreClock
-from flowx.testing.conformance._support import at, instance, new_id
+from flowx.testing.conformance._support import (
+    at,
+    commit,
+    event,
+    instance,
+    make_instance,
+    new_id,
+    step,
+)
 
 TTL = timedelta(seconds=30)
 
@@ -113,6 +122,46 @@ class LeaseStoreConformance:
         lb = await stores.leases.acquire(b, owner="n1", ttl=TTL, now=at(0))
         assert la is not None and lb is not None
         assert await stores.leases.current(new_id()) is None
+
+    async def test_acquisition_raises_the_fence_and_the_old_token_is_fenced_out(
+        self, stores: Any
+    ) -> None:
+        """R2.4: the fence rises on lease acquisition, before any write; a commit under the
+        old token is refused with ``FencedOut`` and writes nothing.
+
+        A lease store paired with another backend's journal (Redis leases) cannot raise the
+        journal's fence itself: there the host passes the fence as the floor and the fence
+        rises when the new owner opens the instance, before it reads anything (paired.py).
+        """
+        iid = await make_instance(stores, token=1)
+        assert (await stores.journal.get(iid)).fence == 1
+        paired: object = stores
+        if isinstance(paired, PairedStores):
+            lease = await stores.leases.acquire(iid, owner="node-b", ttl=TTL, now=at(1), floor=1)
+            assert lease is not None and lease.token > 1
+            await stores.journal.open(iid, token=lease.token, now=at(1))
+        else:
+            lease = await stores.leases.acquire(iid, owner="node-b", ttl=TTL, now=at(1))
+            assert lease is not None and lease.token > 1
+        assert (await stores.journal.get(iid)).fence == lease.token
+
+        zombie = commit(
+            iid,
+            token=1,
+            now=2,
+            step=step(1),
+            state_bag='{"zombie":true}',
+            events=(event(),),
+        )
+        with pytest.raises(FencedOut) as refused:
+            await stores.journal.commit(zombie)
+        assert refused.value.fence == lease.token and refused.value.token == 1
+        assert list(await stores.journal.steps(iid)) == []
+        assert list(await stores.journal.events(iid)) == []
+        assert (await stores.journal.get(iid)).state_bag == "{}"
+        assert await stores.outbox.pending_count() == 0
+        fresh = commit(iid, token=lease.token, now=3)
+        assert await stores.journal.commit(fresh) is None
 
     async def test_a_leased_create_takes_lease_and_instance_in_one_write(self, stores: Any) -> None:
         """Only for stores that declare ``LeasedCreate``; the rest start in two writes."""

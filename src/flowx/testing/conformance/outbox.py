@@ -9,22 +9,20 @@ from typing import Any
 
 import pytest
 
-from flowx.stores.records import ChangeBatch, EventWrite, StepCommit
-from flowx.testing.conformance._support import at, event, instance, step
+from flowx.stores.records import ChangeBatch, EventWrite
+from flowx.testing.conformance._support import at, commit, event, make_instance, step
 
 
 async def stage(stores: Any, keys: list[str | None], *, per_commit: int = 1) -> list[EventWrite]:
     """One instance that commits ``keys`` as events, ``per_commit`` to a step, in order."""
-    iid = (await stores.journal.create(instance(), token=1, now=at(0))).instance.instance_id
+    iid = await make_instance(stores)
     staged: list[EventWrite] = []
     for n, first in enumerate(range(0, len(keys), per_commit), start=1):
         events = tuple(
             event(k, payload=f'{{"n":{first + i}}}')
             for i, k in enumerate(keys[first : first + per_commit])
         )
-        await stores.journal.commit(
-            StepCommit(instance_id=iid, token=1, now=at(n), step=step(n), events=events)
-        )
+        await stores.journal.commit(commit(iid, token=1, now=n, step=step(n), events=events))
         staged.extend(events)
     return staged
 

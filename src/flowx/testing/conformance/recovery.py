@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from flowx.stores.records import InstanceState, StepCommit
-from flowx.testing.conformance._support import at, instance, step
+from flowx.stores.records import InstanceState
+from flowx.testing.conformance._support import at, commit, instance, step
 
 IDLE = timedelta(seconds=30)
 
@@ -27,9 +27,7 @@ class RecoveryIndexConformance:
         )
         iid: str = created.instance.instance_id
         if state not in (InstanceState.PENDING, InstanceState.RUNNING):
-            await stores.journal.commit(
-                StepCommit(instance_id=iid, token=1, now=at(updated), state=state)
-            )
+            await stores.journal.commit(commit(iid, token=1, now=updated, state=state))
         return iid
 
     async def test_a_scan_returns_only_abandoned_instances(self, stores: Any) -> None:
@@ -59,7 +57,7 @@ class RecoveryIndexConformance:
 
     async def test_a_commit_takes_an_instance_out_of_the_scan(self, stores: Any) -> None:
         iid = await self._make(stores, InstanceState.RUNNING, 0)
-        await stores.journal.commit(StepCommit(instance_id=iid, token=1, now=at(90), step=step(1)))
+        await stores.journal.commit(commit(iid, token=1, now=90, step=step(1)))
         assert (
             list(await stores.recovery.find_abandoned(now=at(100), idle_for=IDLE, limit=10)) == []
         )

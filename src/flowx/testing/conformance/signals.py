@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from flowx.stores.errors import InstanceFinished, UnknownInstance
-from flowx.stores.records import InstanceState, StepCommit
-from flowx.testing.conformance._support import at, new_id
+from flowx.stores.records import InstanceState
+from flowx.testing.conformance._support import at, commit, new_id
 from flowx.testing.conformance._support import make_instance as _make
 from flowx.testing.conformance._support import suspend_commit as _suspend
 
@@ -105,7 +105,7 @@ class SignalConformance:
         self, stores: Any, state: InstanceState
     ) -> None:
         iid = await _make(stores)
-        await stores.journal.commit(StepCommit(instance_id=iid, token=1, now=at(1), state=state))
+        await stores.journal.commit(commit(iid, token=1, now=1, state=state))
         with pytest.raises(InstanceFinished) as refused:
             await stores.waits.signal(iid, "go", "{}", key="k", now=at(2))
         assert (refused.value.instance_id, refused.value.state) == (iid, state.value)
@@ -175,9 +175,7 @@ class SignalConformance:
         await stores.waits.suspend(_suspend(iid, signal="go"))
         first = await stores.waits.signal(iid, "go", '{"n":1}', key="hook-1", now=at(6))
         assert first.status == "woken"
-        await stores.journal.commit(
-            StepCommit(instance_id=iid, token=1, now=at(7), state=InstanceState.COMPLETED)
-        )
+        await stores.journal.commit(commit(iid, token=1, now=7, state=InstanceState.COMPLETED))
         again = await stores.waits.signal(
             iid, "go", '{"n":1}', key="hook-1", now=at(8), limit=limit
         )

@@ -10,10 +10,17 @@ import pytest
 
 from flowx.stores.errors import FencedOut, UnknownInstance
 from flowx.stores.records import CHILD_WAIT, InstanceState, Outcome, StepCommit
-from flowx.testing.conformance._support import at, new_id, step
+from flowx.testing.conformance._support import at, commit, new_id, step
 from flowx.testing.conformance._support import make_instance as _make
 from flowx.testing.conformance._support import suspend_commit as _suspend
 from flowx.testing.conformance.signals import SignalConformance
+
+
+def _child_ends(iid: str, *, token: int = 1, now: float, **fields: Any) -> StepCommit:
+    """The commit that ends ``iid`` Completed and wakes its parent if it waits for it."""
+    return commit(
+        iid, token=token, now=now, state=InstanceState.COMPLETED, notify_parent=True, **fields
+    )
 
 
 class WaitStoreConformance(SignalConformance):
@@ -34,7 +41,7 @@ class WaitStoreConformance(SignalConformance):
 
     async def test_suspend_seals_the_instance_at_its_wait(self, stores: Any) -> None:
         iid = await _make(stores)
-        await stores.journal.commit(StepCommit(instance_id=iid, token=1, now=at(1), step=step(1)))
+        await stores.journal.commit(commit(iid, token=1, now=1, step=step(1)))
         sealed = await stores.waits.suspend(
             _suspend(
                 iid,
@@ -122,9 +129,7 @@ class WaitStoreConformance(SignalConformance):
     ) -> None:
         parent = await _make(stores)
         ended = await _make(stores, parent_instance_id=parent, parent_step_id=4, parent_scope="")
-        await stores.journal.commit(
-            StepCommit(instance_id=ended, token=1, now=at(2), state=InstanceState.FAILED)
-        )
+        await stores.journal.commit(commit(ended, token=1, now=2, state=InstanceState.FAILED))
         sealed = await stores.waits.suspend(
             _suspend(parent, step_id=4, signal=CHILD_WAIT, child=ended)
         )
@@ -222,30 +227,13 @@ class WaitStoreConformance(SignalConformance):
             stores, parent_instance_id=on_signal, parent_step_id=4, parent_scope="2"
         )
 
-        seq = await stores.journal.commit(
-            StepCommit(
-                instance_id=child,
-                token=1,
-                now=at(20),
-                step=step(1),
-                state=InstanceState.COMPLETED,
-                notify_parent=True,
-            )
-        )
+        seq = await stores.journal.commit(_child_ends(child, now=20, step=step(1)))
         assert seq == 1
         got = await stores.journal.get(parent)
         assert (got.state, got.updated_at) == (InstanceState.PENDING, at(20))
         assert (await stores.journal.get(child)).state is InstanceState.COMPLETED
         for iid in (stray, stray_scope, stray_signal):
-            await stores.journal.commit(
-                StepCommit(
-                    instance_id=iid,
-                    token=1,
-                    now=at(21),
-                    state=InstanceState.COMPLETED,
-                    notify_parent=True,
-                )
-            )
+            await stores.journal.commit(_child_ends(iid, now=21))
         for waiting in (elsewhere, other_scope, on_signal):
             got = await stores.journal.get(waiting)
             assert (got.state, got.updated_at) == (InstanceState.SUSPENDED, at(5))
@@ -256,9 +244,7 @@ class WaitStoreConformance(SignalConformance):
         parent = await _make(stores)
         await stores.waits.suspend(_suspend(parent, step_id=4, signal=CHILD_WAIT))
         child = await _make(stores, parent_instance_id=parent, parent_step_id=4, parent_scope="")
-        await stores.journal.commit(
-            StepCommit(instance_id=child, token=1, now=at(20), state=InstanceState.COMPLETED)
-        )
+        await stores.journal.commit(commit(child, token=1, now=20, state=InstanceState.COMPLETED))
         assert (await stores.journal.get(parent)).state is InstanceState.SUSPENDED
 
     async def test_a_refused_notifying_commit_wakes_nobody(self, stores: Any) -> None:
@@ -268,31 +254,14 @@ class WaitStoreConformance(SignalConformance):
             stores, token=3, parent_instance_id=parent, parent_step_id=4, parent_scope=""
         )
         with pytest.raises(FencedOut):
-            await stores.journal.commit(
-                StepCommit(
-                    instance_id=child,
-                    token=2,
-                    now=at(20),
-                    step=step(1),
-                    state=InstanceState.COMPLETED,
-                    notify_parent=True,
-                )
-            )
+            await stores.journal.commit(_child_ends(child, token=2, now=20, step=step(1)))
         assert (await stores.journal.get(parent)).state is InstanceState.SUSPENDED
         assert (await stores.journal.get(child)).state is InstanceState.RUNNING
 
     async def test_notify_parent_without_a_parent_is_a_plain_commit(self, stores: Any) -> None:
         iid = await _make(stores)
         seq = await stores.journal.commit(
-            StepCommit(
-                instance_id=iid,
-                token=1,
-                now=at(3),
-                step=step(1),
-                state=InstanceState.COMPLETED,
-                state_bag='{"done":1}',
-                notify_parent=True,
-            )
+            _child_ends(iid, now=3, step=step(1), state_bag='{"done":1}')
         )
         assert seq == 1
         got = await stores.journal.get(iid)
@@ -312,16 +281,7 @@ class WaitStoreConformance(SignalConformance):
             )
             sealed, _seq = await asyncio.gather(
                 stores.waits.suspend(_suspend(parent, step_id=1, signal=CHILD_WAIT, child=child)),
-                stores.journal.commit(
-                    StepCommit(
-                        instance_id=child,
-                        token=1,
-                        now=at(6),
-                        step=step(1),
-                        state=InstanceState.COMPLETED,
-                        notify_parent=True,
-                    )
-                ),
+                stores.journal.commit(_child_ends(child, now=6, step=step(1))),
             )
             got = await stores.journal.get(parent)
             expected = InstanceState.PENDING if sealed else InstanceState.RUNNING
@@ -332,20 +292,20 @@ class WaitStoreConformance(SignalConformance):
     async def test_rearm_reopens_a_finished_instance_for_a_replay(self, stores: Any) -> None:
         iid = await _make(stores)
         j = stores.journal
-        await j.commit(StepCommit(instance_id=iid, token=1, now=at(1), step=step(1)))
+        await j.commit(commit(iid, token=1, now=1, step=step(1)))
         await j.commit(
-            StepCommit(
-                instance_id=iid,
+            commit(
+                iid,
                 token=1,
-                now=at(2),
+                now=2,
                 step=step(2, outcome=Outcome.FAILURE, result='{"e":1}'),
             )
         )
         await j.commit(
-            StepCommit(
-                instance_id=iid,
+            commit(
+                iid,
                 token=1,
-                now=at(3),
+                now=3,
                 state=InstanceState.COMPENSATION_FAILED,
                 error='{"why": "x"}',
             )
@@ -368,9 +328,7 @@ class WaitStoreConformance(SignalConformance):
 
     async def test_rearm_is_fenced(self, stores: Any) -> None:
         iid = await _make(stores, token=4)
-        await stores.journal.commit(
-            StepCommit(instance_id=iid, token=4, now=at(1), state=InstanceState.FAILED)
-        )
+        await stores.journal.commit(commit(iid, token=4, now=1, state=InstanceState.FAILED))
         with pytest.raises(FencedOut):
             await stores.waits.rearm(iid, token=3, now=at(9), from_step=1)
         got = await stores.journal.get(iid)
