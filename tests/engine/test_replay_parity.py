@@ -3,27 +3,18 @@ order: both take ``compensable`` and ``compensation_order`` from ``engine/saga.p
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any
 
-import pytest
 from pydantic import BaseModel
 
 import flowx
 from flowx.stores.records import InstanceState, Outcome
+from tests.engine import kit
+from tests.engine.kit import Ledger, failure_of, rows_of
+from tests.engine.kit import fresh_ledgers as _reset  # noqa: F401 - autouse
 
-calls: Counter[str] = Counter()
-broken: set[str] = set()
-
-
-@pytest.fixture(autouse=True)
-def _reset() -> None:
-    calls.clear()
-    broken.clear()
-
-
-class Order(BaseModel):
-    order_id: str
+ledger = Ledger("par")
+ONCE = flowx.Retry(attempts=1)
 
 
 class State(BaseModel):
@@ -32,33 +23,21 @@ class State(BaseModel):
     c: str | None = None
 
 
-def _effect(name: str) -> Any:
-    @flowx.capability(f"par.{name}", version="1")
-    async def do(ctx: flowx.StepContext, order: Order) -> str:
-        calls[name] += 1
-        if name in broken:
-            raise RuntimeError(f"{name} is down")
-        return name.upper()
-
-    return do
-
-
-do_a, do_b, do_c, undo_a, undo_b, undo_c, finish = (
-    _effect(n) for n in ("a", "b", "c", "undo_a", "undo_b", "undo_c", "finish")
-)
-ONCE = flowx.Retry(attempts=1)
-
-
 def plan() -> flowx.Plan:
+    """Three effects, two of them in fork branches, then a step that fails."""
+
+    def effect(name: str) -> dict[str, Any]:
+        return {"into": name, "compensate": ledger.undo(f"undo_{name}"), "compensate_retry": ONCE}
+
     return (
-        flowx.flow("par.saga", version="1", input=Order, state=State)
-        .step(do_a, into="a", compensate=undo_a, compensate_retry=ONCE)
+        flowx.flow("par.saga", version="1", input=kit.Order, state=State)
+        .step(ledger.capability("a"), **effect("a"))
         .fork(
             "both",
-            lambda f: f.step(do_b, into="b", compensate=undo_b, compensate_retry=ONCE),
-            lambda f: f.step(do_c, into="c", compensate=undo_c, compensate_retry=ONCE),
+            lambda f: f.step(ledger.capability("b"), **effect("b")),
+            lambda f: f.step(ledger.capability("c"), **effect("c")),
         )
-        .step(finish, retry=ONCE)
+        .step(ledger.capability("finish"), retry=ONCE)
         .build()
     )
 
@@ -68,23 +47,20 @@ async def test_a_dry_run_lists_what_the_real_replay_then_undoes_in_its_order(
 ) -> None:
     p = plan()
     host = await host_factory(p)
-    broken.update({"finish", "undo_c"})
-    handle = await host.start(p, Order(order_id="o1"))
-    with pytest.raises(flowx.FlowFailed) as failed:
-        await handle.result(timeout=5)
-    assert failed.value.state == "CompensationFailed"
-    assert host.store is not None
-    before = list(await host.store.journal.steps(handle.instance_id))
+    ledger.broken.update({"finish", "undo_c"})
+    handle = await host.start(p, kit.Order(order_id="o1"))
+    assert (await failure_of(handle)).state == "CompensationFailed"
+    before = await rows_of(host, handle.instance_id)
 
     dry = await host.replay(handle.instance_id, "par.c", dry_run=True)
     assert dry.mode == "compensation" and dry.reruns[0] == "undo par.c [2.1]"
     assert dry.reruns[-1] == "undo par.a"  # the oldest effect is undone last
 
-    broken.discard("undo_c")
+    ledger.broken.discard("undo_c")
     await host.replay(handle.instance_id, "par.c")
     await host.wait_idle(timeout=5)
     assert (await host.get(handle.instance_id)).state is InstanceState.FAILED
-    after = list(await host.store.journal.steps(handle.instance_id))
+    after = await rows_of(host, handle.instance_id)
     undone = [
         f"undo {r.step_name}" + (f" [{r.scope}]" if r.scope else "")
         for r in after[len(before) :]
