@@ -130,6 +130,7 @@ def main() -> None:
     parser.add_argument("--instances", type=int, default=500)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--concurrency", default="1,16,64")
+    parser.add_argument("--out", type=Path, default=None, help="JSON path (default: results/)")
     args = parser.parse_args()
     plan = make_plan(args.steps)
     results = []
@@ -147,7 +148,7 @@ def main() -> None:
         "results": results,
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / f"journal_throughput-{backend}-{args.steps}steps.json"
+    out = args.out or RESULTS / f"journal_throughput-{backend}-{args.steps}steps.json"
     out.write_text(json.dumps(record, indent=2) + "\n")
     cols = [
         "concurrency",

@@ -55,6 +55,7 @@ from flowx.outbox import (
     RabbitMQPublisher,
     RecordingPublisher,
     RedisStreamsPublisher,
+    RelayPolicy,
 )
 from flowx.plan import Durable, Ephemeral, Plan, Profile, Retry, event, flow
 from flowx.stores.errors import (
@@ -113,6 +114,7 @@ __all__ = [
     "RecordingPublisher",
     "RecoveryScanResult",
     "RedisStreamsPublisher",
+    "RelayPolicy",
     "ReplayPlan",
     "Retry",
     "SchemaTooNew",

@@ -163,3 +163,59 @@ class NonRetryableError(FlowXError):
     """
 
     code = "step.non_retryable"
+
+
+class IllegalState(FlowXError):
+    """The instance is not in a state where what was asked can be done: a replay of one that is
+    not stopped where ``--from`` says, or one that moved on meanwhile. Nothing was written; the
+    message names the state it is in."""
+
+    code = "instance.illegal_state"
+
+
+class RequestInvalid(FlowXError):
+    """What was asked is malformed, whatever state the instance is in: fix the request (the
+    command line, the call) and ask again. A class of its own so a caller (the CLI's exit
+    codes, an HTTP layer's 400) can tell "your request" from "our state" without matching
+    code strings."""
+
+    code = "flowx.request_invalid"
+
+
+class SignalUnknown(RequestInvalid):
+    """A signal name the flow never waits for: it could never be taken, so it is not kept."""
+
+    code = "signal.unknown"
+
+
+class SignalPayloadInvalid(RequestInvalid):
+    """A signal payload that does not validate against the type the flow waits for."""
+
+    code = "signal.payload_invalid"
+
+
+class InputUnreadable(RequestInvalid):
+    """Input given as JSON text (a command-line ``--input``, ``--payload``) that is not UTF-8
+    JSON FlowX can read: refused before a host sees it."""
+
+    code = "cli.input_unreadable"
+
+
+class FlowNotCarried(RequestInvalid):
+    """The plans a command was given (``--flows``) do not define the flow the instance runs:
+    the command line is missing a module, the flow itself may well exist."""
+
+    code = "cli.flow_not_carried"
+
+
+class InputUnstorable(SerialisationError, RequestInvalid):
+    """A start whose input (or key) the journal cannot store (R9.5): nothing was written, and
+    the same value never will be, so it is the request that must change."""
+
+    code = "flow.input_unstorable"
+
+
+class SignalPayloadUnstorable(SerialisationError, RequestInvalid):
+    """A signal whose payload (or key) the journal cannot store (R9.5); as ``InputUnstorable``."""
+
+    code = "signal.payload_unstorable"

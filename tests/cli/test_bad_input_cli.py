@@ -12,27 +12,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 import flowx
-from flowx.cli.main import cli
 from flowx.stores.protocols import InstanceQuery
 from flowx.stores.records import InstanceRecord
+from tests.cli.runner import invoke as flowx_
 from tests.cli.unstorable_flows import FLOWS
 
 FLOWS_REF = "tests.cli.unstorable_flows:FLOWS"
 PG = "postgresql://postgres@127.0.0.1:5432/test"
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def db(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'cli.db'}"
-
-
-def flowx_(*args: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(cli, list(args))
-    return result.exit_code, result.stdout, result.stderr
 
 
 def start(db: str, *args: str) -> tuple[int, str, str]:

@@ -12,24 +12,13 @@ import time
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 import flowx
-from flowx.cli.main import cli
 from tests.cli.cli_flows import greeting
+from tests.cli.runner import invoke
 
 FLOWS = "tests.cli.cli_flows:FLOWS"
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def db(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'cli.db'}"
-
-
-def invoke(*args: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(cli, list(args))
-    return result.exit_code, result.stdout, result.stderr
 
 
 def start(db: str, *extra: str) -> dict[str, object]:

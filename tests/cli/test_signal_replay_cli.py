@@ -14,14 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner
 
 import flowx
-from flowx.cli.main import cli
 from flowx.plan.model import Plan
 from flowx.stores.protocols import InstanceQuery
 from flowx.stores.records import InstanceRecord, InstanceState, Outcome, StepRecord
 from tests.cli import wait_flows
+from tests.cli.runner import invoke
 from tests.cli.wait_flows import FAULTS_ENV, FLOWS, Order, OrderState, Shipment
 
 FLOWS_REF = "tests.cli.wait_flows:FLOWS"
@@ -38,13 +37,9 @@ def faults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 
 @pytest.fixture
-def db(tmp_path: Path, faults: Path) -> str:
-    return f"sqlite:///{tmp_path / 'cli.db'}"
-
-
-def invoke(*args: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(cli, list(args))
-    return result.exit_code, result.stdout, result.stderr
+def db(db: str, faults: Path) -> str:
+    """The shared journal, with this file's fault switches (``faults``) set for every test."""
+    return db
 
 
 def flowx_(db: str, command: str, *args: str) -> tuple[int, str, str]:

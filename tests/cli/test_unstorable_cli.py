@@ -4,28 +4,20 @@ one-line error, no traceback, and nothing written. Run in-process on a real SQLi
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 import flowx
-from flowx.cli.main import cli
 from flowx.stores.protocols import InstanceQuery
 from flowx.stores.records import InstanceRecord, InstanceState
+from tests.cli.runner import invoke
 from tests.cli.unstorable_flows import FLOWS, Reading
 
 FLOWS_REF = "tests.cli.unstorable_flows:FLOWS"
 
 
-@pytest.fixture
-def db(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'cli.db'}"
-
-
 def flowx_(db: str, *args: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(cli, [*args, "--db", db, "--flows", FLOWS_REF])
-    return result.exit_code, result.stdout, result.stderr
+    return invoke(*args, "--db", db, "--flows", FLOWS_REF)
 
 
 def host(db: str) -> flowx.FlowHost:

@@ -18,6 +18,7 @@ import pytest
 
 import flowx
 from flowx.stores.postgres import PostgresStores
+from flowx.stores.postgres.database import SessionLimits
 from flowx.stores.records import StepCommit
 from flowx.testing.conformance._support import at, instance, step
 from tests.faults.support import sql
@@ -29,7 +30,9 @@ async def test_a_commit_refused_by_a_held_row_lock_is_journal_unavailable(
     from tests.postgres_support import PG_DSN
 
     schema = pg_schema()
-    stores = PostgresStores(PG_DSN, schema=schema, lock_timeout_ms=200, min_size=1)
+    stores = PostgresStores(
+        PG_DSN, schema=schema, limits=SessionLimits(lock_timeout_ms=200), min_size=1
+    )
     await stores.open()
     try:
         journal = stores.journal

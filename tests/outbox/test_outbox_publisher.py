@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import flowx
-from flowx.outbox import OutboxPublisher, RecordingPublisher
+from flowx.outbox import OutboxPublisher, RecordingPublisher, RelayPolicy
 from flowx.stores.memory import MemoryStores
 from tests.outbox.flows import Order, order_flow
 
@@ -75,7 +75,9 @@ async def test_while_the_broker_is_down_flows_complete_and_the_outbox_grows() ->
     store = MemoryStores()
     broker = RecordingPublisher()
     broker.down = True
-    relay = OutboxPublisher(store.outbox, broker, retry_backoff=0.01, max_backoff=0.05)
+    relay = OutboxPublisher(
+        store.outbox, broker, policy=RelayPolicy(retry_backoff=0.01, max_backoff=0.05)
+    )
     stop = asyncio.Event()
     async with flowx.FlowHost(store=store, flows=[order_flow]) as host:
         loop = asyncio.create_task(relay.run(stop))
@@ -103,7 +105,7 @@ async def test_a_permanent_refusal_ends_as_a_dead_letter_and_frees_its_key(
         bad = next(e for e in events if e.partition_key == "o0" and '"n":2' in e.payload)
         broker = RecordingPublisher()
         broker.refuse[bad.event_id] = "message too large"
-        relay = OutboxPublisher(store.outbox, broker, dead_after=3)
+        relay = OutboxPublisher(store.outbox, broker, policy=RelayPolicy(dead_after=3))
         with caplog.at_level(logging.ERROR, logger="flowx.outbox"):
             rounds = [await relay.publish_once() for _ in range(3)]
         assert [r.dead_lettered for r in rounds] == [0, 0, 1]
@@ -128,6 +130,6 @@ def test_bad_settings_are_refused_with_the_name_of_the_setting() -> None:
     with pytest.raises(ValueError, match="batch_size"):
         OutboxPublisher(store.outbox, RecordingPublisher(), batch_size=0)
     with pytest.raises(ValueError, match="dead_after"):
-        OutboxPublisher(store.outbox, RecordingPublisher(), dead_after=0)
+        OutboxPublisher(store.outbox, RecordingPublisher(), policy=RelayPolicy(dead_after=0))
     with pytest.raises(flowx.FlowXError, match="publisher needs a store"):
         flowx.FlowHost(flows=[order_flow], publisher=RecordingPublisher())

@@ -13,6 +13,7 @@ import psycopg
 import pytest
 
 import flowx
+from flowx.stores.errors import DuplicateStep
 from flowx.stores.postgres import PostgresStores
 from flowx.stores.postgres.database import SCHEMA_VERSION
 from flowx.stores.records import InstanceState, Outcome, StepCommit, StepWrite
@@ -289,7 +290,7 @@ async def test_a_duplicate_step_row_raises_duplicate_step(pg_schema: Callable[[]
         j = stores.journal
         iid = (await j.create(instance(), token=1, now=at(0))).instance.instance_id
         await j.commit(StepCommit(instance_id=iid, token=1, now=at(1), step=step(1)))
-        with pytest.raises(flowx.DuplicateStep):
+        with pytest.raises(DuplicateStep):
             await j.commit(
                 StepCommit(
                     instance_id=iid,

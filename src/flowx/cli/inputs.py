@@ -20,7 +20,7 @@ from typing import Any, Final
 import click
 
 from flowx import codec
-from flowx.errors import FlowXError
+from flowx.errors import InputUnreadable
 
 #: PEP 383: a byte that is not UTF-8 in argv arrives as U+DC80..U+DCFF.
 _ESCAPED_BYTES: Final = range(0xDC80, 0xDD00)
@@ -45,7 +45,7 @@ class TextArgsGroup(click.Group):
 
 
 #: The error code of input that is not JSON text FlowX can read: a usage error (exit 2).
-INPUT_UNREADABLE: Final = "cli.input_unreadable"
+INPUT_UNREADABLE: Final = InputUnreadable.code
 
 
 def input_text(input_json: str | None, input_file: Path | None) -> tuple[str, Any]:
@@ -79,7 +79,7 @@ def read_file(path: Path, option: str) -> str:
 
 
 def checked(text: str, option: str) -> tuple[str, Any]:
-    """``text`` and its value, if it is UTF-8 JSON that can be read; else ``FlowXError``
+    """``text`` and its value, if it is UTF-8 JSON that can be read; else ``InputUnreadable``
     (``cli.input_unreadable``) naming ``option``. Whether the value can be stored is the
     host's to say, with the flow's name (``flow.input_unstorable``)."""
     for index, char in enumerate(text):
@@ -125,8 +125,8 @@ def _depth(value: Any) -> int:
     return deepest
 
 
-def _unreadable(option: str, detail: str) -> FlowXError:
-    return FlowXError(f"{option}: {detail}", code=INPUT_UNREADABLE)
+def _unreadable(option: str, detail: str) -> InputUnreadable:
+    return InputUnreadable(f"{option}: {detail}")
 
 
 def cursor(before: str) -> tuple[datetime, str]:

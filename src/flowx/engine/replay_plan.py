@@ -20,7 +20,7 @@ from typing import Literal
 
 from flowx.engine.history import journal_order
 from flowx.engine.saga import compensable, compensation_order
-from flowx.errors import FlowXError
+from flowx.errors import IllegalState
 from flowx.plan.model import Plan, StepNode, SubFlowNode, walk
 from flowx.stores.records import InstanceRecord, InstanceState, Outcome, StepRecord
 
@@ -41,8 +41,8 @@ class ReplayPlan:
     reruns: tuple[str, ...]
 
 
-def _illegal(message: str) -> FlowXError:
-    return FlowXError(message, code="instance.illegal_state")
+def _illegal(message: str) -> IllegalState:
+    return IllegalState(message)
 
 
 def plan_replay(

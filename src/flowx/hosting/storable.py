@@ -5,30 +5,43 @@ instead of failing at the driver half-way through (or, for a start, leaving a le
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from pydantic import BaseModel
 
 from flowx import codec
-from flowx.errors import InputInvalid
+from flowx.errors import InputInvalid, InputUnstorable, SerialisationError, SignalPayloadUnstorable
 from flowx.plan.model import Plan
 
 #: A start whose input (or idempotency key, correlation id, partition key) cannot be stored.
-INPUT_UNSTORABLE = "flow.input_unstorable"
+INPUT_UNSTORABLE = InputUnstorable.code
 #: A signal whose payload (or key) cannot be stored.
-SIGNAL_UNSTORABLE = "signal.payload_unstorable"
+SIGNAL_UNSTORABLE = SignalPayloadUnstorable.code
+
+
+@contextmanager
+def _refused_as(error: type[SerialisationError]) -> Iterator[None]:
+    """A value the codec refuses, raised as ``error``: its class says whose value it was, so a
+    caller (the CLI's exit code) tells a bad request from a bad step result without its code."""
+    try:
+        yield
+    except SerialisationError as exc:
+        raise error(str(exc), path=exc.path) from exc
 
 
 def start_input(
     plan: Plan, value: BaseModel, *, idempotency_key: str | None, correlation_id: str | None
 ) -> str:
-    """The input's stored text; ``SerialisationError`` (``flow.input_unstorable``) names the
+    """The input's stored text; ``InputUnstorable`` (``flow.input_unstorable``) names the
     field of the input, or the key, that cannot be stored."""
     whose = f"the start of {plan.ref}"
-    for root, key in (("idempotency_key", idempotency_key), ("correlation_id", correlation_id)):
-        if key is not None:
-            codec.text(key, root=root, code=INPUT_UNSTORABLE, context=whose)
-    return codec.dumps(value, root="input", code=INPUT_UNSTORABLE, context=whose)
+    with _refused_as(InputUnstorable):
+        for root, key in (("idempotency_key", idempotency_key), ("correlation_id", correlation_id)):
+            if key is not None:
+                codec.text(key, root=root, context=whose)
+        return codec.dumps(value, root="input", context=whose)
 
 
 def partition_of(plan: Plan, value: BaseModel) -> Any:
@@ -47,16 +60,18 @@ def tenant_key(plan: Plan, key: Any) -> str | None:
     if key is None:
         return None
     whose = f"the start of {plan.ref}"
-    return codec.text(str(key), root="partition_key", code=INPUT_UNSTORABLE, context=whose)
+    with _refused_as(InputUnstorable):
+        return codec.text(str(key), root="partition_key", context=whose)
 
 
 def signal_payload(plan: Plan, name: str, value: Any, *, key: str | None) -> str:
-    """A signal's stored payload; ``SerialisationError`` (``signal.payload_unstorable``)
+    """A signal's stored payload; ``SignalPayloadUnstorable`` (``signal.payload_unstorable``)
     names the field of the payload, or the key, that cannot be stored."""
     whose = f"signal {name!r} for {plan.ref}"
-    if key is not None:
-        codec.text(key, root="key", code=SIGNAL_UNSTORABLE, context=whose)
-    return codec.dumps(value, root="payload", code=SIGNAL_UNSTORABLE, context=whose)
+    with _refused_as(SignalPayloadUnstorable):
+        if key is not None:
+            codec.text(key, root="key", context=whose)
+        return codec.dumps(value, root="payload", context=whose)
 
 
 def storable_id(value: object) -> bool:

@@ -10,7 +10,7 @@ from flowx.outbox.publisher import EventPublisher, PublishFailure, PublishResult
 from flowx.outbox.rabbitmq import RabbitMQPublisher
 from flowx.outbox.recording import RecordingPublisher
 from flowx.outbox.redis_streams import RedisStreamsPublisher
-from flowx.outbox.relay import OutboxPublisher, Round
+from flowx.outbox.relay import OutboxPublisher, RelayPolicy, Round
 
 __all__ = [
     "EventPublisher",
@@ -22,5 +22,6 @@ __all__ = [
     "RabbitMQPublisher",
     "RecordingPublisher",
     "RedisStreamsPublisher",
+    "RelayPolicy",
     "Round",
 ]

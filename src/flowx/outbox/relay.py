@@ -36,6 +36,27 @@ class Round:
     dead_lettered: int = 0
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RelayPolicy:
+    """When the relay gives an event up, and how it paces itself between rounds.
+
+    A broker that refuses an event ``dead_after`` times makes it a dead letter (R5.5); a
+    transient failure backs off from ``retry_backoff`` doubling up to ``max_backoff``; an idle
+    loop polls with back-off up to ``poll_interval`` seconds.
+    """
+
+    dead_after: int = 5
+    poll_interval: float = 1.0
+    retry_backoff: float = 0.5
+    max_backoff: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.dead_after < 1:
+            raise ValueError(f"dead_after must be at least 1, got {self.dead_after}")
+        if self.poll_interval <= 0 or self.retry_backoff <= 0 or self.max_backoff <= 0:
+            raise ValueError("poll_interval, retry_backoff and max_backoff must be positive")
+
+
 class OutboxPublisher:
     """Relay the outbox to a broker: claim staged events, publish them in order per
     partition key, mark them sent; retries with back-off and dead-letters an event a broker
@@ -47,27 +68,21 @@ class OutboxPublisher:
         publisher: EventPublisher,
         *,
         batch_size: int = 500,
-        dead_after: int = 5,
-        poll_interval: float = 1.0,
-        retry_backoff: float = 0.5,
-        max_backoff: float = 10.0,
+        policy: RelayPolicy | None = None,
         clock: Clock | None = None,
         owner: str | None = None,
         dead_letters_hold_keys: bool = False,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-        if dead_after < 1:
-            raise ValueError(f"dead_after must be at least 1, got {dead_after}")
-        if poll_interval <= 0 or retry_backoff <= 0 or max_backoff <= 0:
-            raise ValueError("poll_interval, retry_backoff and max_backoff must be positive")
         self._outbox = outbox
         self.publisher = publisher
         self.batch_size = batch_size
-        self.dead_after = dead_after
-        self.poll_interval = poll_interval
-        self.retry_backoff = retry_backoff
-        self.max_backoff = max_backoff
+        policy = policy or RelayPolicy()
+        self.dead_after = policy.dead_after
+        self.poll_interval = policy.poll_interval
+        self.retry_backoff = policy.retry_backoff
+        self.max_backoff = policy.max_backoff
         #: R5.5 "unless configured to": a dead letter keeps its key waiting until resent.
         self.dead_letters_hold_keys = dead_letters_hold_keys
         self._clock = clock or SystemClock()

@@ -20,6 +20,7 @@ import contextlib
 import os
 import socket
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -121,6 +122,22 @@ async def deadline(
         await conn.close()
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SessionLimits:
+    """How long one connection may wait for the server, and the server for it.
+
+    Every session of the pool gets them as server options, so a lock held too long, an idle
+    transaction left open, or a peer that vanished fails a round trip instead of stalling
+    the node (R9.1); grouped so the database's constructor stays small.
+    """
+
+    connect_timeout: float = 5.0
+    statement_timeout_ms: int = 30_000
+    lock_timeout_ms: int = 5_000
+    idle_in_transaction_timeout_ms: int = 10_000
+    tcp_user_timeout_ms: int = 10_000
+
+
 class PostgresDatabase:
     """A psycopg async pool bound to one FlowX schema."""
 
@@ -131,21 +148,20 @@ class PostgresDatabase:
         schema: str = "flowx",
         min_size: int = 1,
         max_size: int = 16,
-        connect_timeout: float = 5.0,
-        statement_timeout_ms: int = 30_000,
-        lock_timeout_ms: int = 5_000,
-        idle_in_transaction_timeout_ms: int = 10_000,
-        tcp_user_timeout_ms: int = 10_000,
+        limits: SessionLimits | None = None,
     ) -> None:
         check_schema(schema, dsn)
         self.dsn = dsn
         self.schema = schema
+        limits = limits or SessionLimits()
+        connect_timeout = limits.connect_timeout
         self._connect_timeout = connect_timeout
         idle, interval, count = _KEEPALIVE
         options = (
             f"-c search_path={schema} -c TimeZone=UTC "
-            f"-c statement_timeout={statement_timeout_ms} -c lock_timeout={lock_timeout_ms} "
-            f"-c idle_in_transaction_session_timeout={idle_in_transaction_timeout_ms} "
+            f"-c statement_timeout={limits.statement_timeout_ms} "
+            f"-c lock_timeout={limits.lock_timeout_ms} "
+            f"-c idle_in_transaction_session_timeout={limits.idle_in_transaction_timeout_ms} "
             f"-c tcp_keepalives_idle={idle} -c tcp_keepalives_interval={interval} "
             f"-c tcp_keepalives_count={count}"
         )
@@ -153,7 +169,7 @@ class PostgresDatabase:
             "autocommit": True,
             "options": options,
             "connect_timeout": max(1, int(connect_timeout)),
-            "tcp_user_timeout": tcp_user_timeout_ms,
+            "tcp_user_timeout": limits.tcp_user_timeout_ms,
             "keepalives": 1,
             "keepalives_idle": idle,
             "keepalives_interval": interval,
@@ -201,9 +217,7 @@ class PostgresDatabase:
         return f"PostgreSQL at {redact(self.dsn)}"
 
     @contextlib.asynccontextmanager
-    async def connection(
-        self, *, bounded: bool = True
-    ) -> AsyncIterator[AsyncConnection[Any]]:
+    async def connection(self, *, bounded: bool = True) -> AsyncIterator[AsyncConnection[Any]]:
         """A pooled connection; driver and pool errors leave as ``JournalUnavailable``.
 
         The block is bounded by ``round_trip_timeout`` unless ``bounded`` is off (migrations,

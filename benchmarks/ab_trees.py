@@ -1,0 +1,129 @@
+"""B7 before/after, interleaved: run the same benchmark against two source trees in turn.
+
+    python -m benchmarks.ab_trees --before ../base/src --after src --store postgresql://...
+
+Each round runs ``benchmarks.journal_throughput`` once per tree (order alternating round by
+round), each in its own process with that tree's ``src`` first on ``PYTHONPATH``, and reads the
+JSON it writes. The machine is shared and noisy: what is reported is the per-round after/before
+ratio of step-commits/s at each concurrency, and its median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def one_run(src: Path, args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
+    env = dict(os.environ, PYTHONPATH=str(src.resolve()))
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.journal_throughput",
+        "--instances",
+        str(args.instances),
+        "--steps",
+        str(args.steps),
+        "--concurrency",
+        args.concurrency,
+        "--out",
+        str(out),
+    ]
+    if args.store:
+        cmd += ["--store", args.store]
+    subprocess.run(
+        cmd,
+        env=env,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    return json.loads(out.read_text())["results"]  # type: ignore[no-any-return]
+
+
+def check_tree(src: Path) -> None:
+    """Refuse to measure if ``src`` is not the flowx the benchmark process would import."""
+    env = dict(os.environ, PYTHONPATH=str(src.resolve()))
+    where = subprocess.run(
+        [sys.executable, "-c", "import flowx; print(flowx.__file__)"],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    if not Path(where).resolve().is_relative_to(src.resolve()):
+        raise SystemExit(f"{src} is not what gets imported ({where}); pass a tree's src/ folder")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--before", required=True, type=Path, help="the old tree's src/")
+    parser.add_argument("--after", required=True, type=Path, help="the new tree's src/")
+    parser.add_argument("--store", default=None)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--instances", type=int, default=500)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--concurrency", default="1,16,64")
+    args = parser.parse_args()
+    check_tree(args.before)
+    check_tree(args.after)
+    runs: dict[str, list[list[dict[str, Any]]]] = {"before": [], "after": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in range(args.rounds):
+            order = ["before", "after"] if n % 2 == 0 else ["after", "before"]
+            for side in order:
+                out = Path(tmp) / f"{side}-{n}.json"
+                runs[side].append(one_run(getattr(args, side), args, out))
+            print(f"round {n + 1}/{args.rounds} done", file=sys.stderr)
+    levels = [r["concurrency"] for r in runs["before"][0]]
+    table = []
+    for i, level in enumerate(levels):
+        b = [r[i]["step_commits_per_s"] for r in runs["before"]]
+        a = [r[i]["step_commits_per_s"] for r in runs["after"]]
+        ratios = [x / y for x, y in zip(a, b, strict=True)]
+        table.append(
+            {
+                "concurrency": level,
+                "before_median": statistics.median(b),
+                "after_median": statistics.median(a),
+                "ratio_median": round(statistics.median(ratios), 3),
+                "ratio_min": round(min(ratios), 3),
+                "ratio_max": round(max(ratios), 3),
+                "before": b,
+                "after": a,
+            }
+        )
+    backend = (args.store or "sqlite://").split(":", 1)[0]
+    record = {
+        "benchmark": "B7 before/after, interleaved",
+        "store": backend,
+        "rounds": args.rounds,
+        "instances": args.instances,
+        "steps": args.steps,
+        "before": str(args.before),
+        "after": str(args.after),
+        "levels": table,
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / f"journal_throughput-ab-{backend}-{args.steps}steps.json"
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"B7 before/after on {backend}, {args.rounds} interleaved rounds, step-commits/s")
+    print(f"{'concurrency':>12} {'before':>10} {'after':>10} {'after/before':>13} {'range':>14}")
+    for r in table:
+        print(
+            f"{r['concurrency']:>12} {r['before_median']:>10.0f} {r['after_median']:>10.0f} "
+            f"{r['ratio_median']:>13.3f} {r['ratio_min']:>6.3f}-{r['ratio_max']:<6.3f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

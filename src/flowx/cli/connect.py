@@ -1,0 +1,55 @@
+"""What a command opens: the stores a URL names, the plans ``--flows`` names, and a host that
+runs only what it is asked to."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from flowx.cli.exits import fail
+from flowx.errors import FlowNotCarried, FlowNotFound, FlowXError
+from flowx.hosting.host import FlowHost
+from flowx.hosting.stores import from_url
+from flowx.hosting.worker import load_flows
+from flowx.plan.model import Plan
+from flowx.stores.protocols import Stores
+
+
+@asynccontextmanager
+async def open_stores(url: str) -> AsyncIterator[Stores]:
+    """Open (and so migrate) the stores a URL names, and always close them.
+
+    ``close`` runs even when ``open`` fails — on a file that is not a journal, say — so the
+    store's database thread never outlives the command.
+    """
+    stores = from_url(url)
+    try:
+        await stores.open()
+        yield stores
+    finally:
+        await stores.close()
+
+
+def plans_or_fail(flows: tuple[str, ...]) -> list[Plan]:
+    """The plans ``--flows`` names, loaded before any store is opened; a FlowX error exits."""
+    try:
+        return list(load_flows(flows))
+    except FlowXError as exc:
+        fail(exc)
+
+
+def command_host(stores: Stores, plans: list[Plan]) -> FlowHost:
+    """A host for one command: no recovery scan and no timers, so it runs nothing it was not
+    asked to; on exit it drains and hands back whatever it holds."""
+    return FlowHost(store=stores, flows=plans, recovery=False, timers=False)
+
+
+def not_carried(exc: FlowNotFound, flows: tuple[str, ...], plans: list[Plan]) -> FlowNotCarried:
+    """``--flows`` lacks the instance's flow: a command-line mistake, so a usage error."""
+    what = f"{exc.flow_id}@{exc.version}" if exc.version else exc.flow_id
+    carried = ", ".join(sorted(p.ref for p in plans)) or "none"
+    return FlowNotCarried(
+        f"the instance runs flow {what!r}, which --flows {' '.join(flows)} does not define "
+        f"(it defines: {carried}); pass the module that defines it, e.g. "
+        "--flows myapp.flows:FLOWS (repeatable)"
+    )

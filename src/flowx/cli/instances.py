@@ -1,0 +1,208 @@
+"""``flowx start``, ``flowx list`` and ``flowx show``: create instances and look at them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from flowx import codec
+from flowx.cli import inputs
+from flowx.cli.app import db_option, flows_option, leases_option, output_option
+from flowx.cli.connect import open_stores, plans_or_fail
+from flowx.cli.exits import fail, run
+from flowx.cli.render import (
+    emit_json,
+    instance_dict,
+    instances_text,
+    parent_dict,
+    show_text,
+    step_dict,
+    waiting_dict,
+)
+from flowx.engine.waiting import waiting_for
+from flowx.errors import FlowXError, InputUnstorable, InstanceNotFound, SerialisationError
+from flowx.hosting.host import FlowHost
+from flowx.hosting.stores import from_url
+from flowx.hosting.worker import load_flows
+from flowx.plan.model import Plan
+from flowx.stores.protocols import InstanceQuery
+from flowx.stores.records import InstanceRecord, InstanceState, StepRecord
+
+
+def _refuse_unstartable(plan: Plan, value: object) -> None:
+    """What ``flowx start`` refuses before a host is asked: a flow with no journal, and an
+    input the journal cannot store."""
+    if not plan.durable:
+        # An Ephemeral flow would run inside this command and vanish with it: the id printed
+        # would name nothing any worker or `flowx show` could find.
+        raise FlowXError(
+            f"{plan.ref} is Ephemeral, so it has no journal a worker could run it from; "
+            "start it in-process with FlowHost.start, or declare it Durable",
+            code="cli.ephemeral_flow",
+        )
+    # A value the journal cannot store (a lone surrogate written as a \\u escape, NaN) is
+    # refused as the host refuses it, before pydantic's JSON parser reports it as
+    # malformed JSON.
+    try:
+        codec.dumps(value, root="input", context=f"the start of {plan.ref}")
+    except SerialisationError as exc:
+        raise InputUnstorable(str(exc), path=exc.path) from exc
+
+
+@click.command()
+@click.argument("flow_id")
+@db_option
+@leases_option
+@flows_option
+@output_option
+@click.option("--version", "version", default=None, help="Flow version (default: highest).")
+@click.option("--input", "input_json", default=None, help="The input as JSON (default: {}).")
+@click.option(
+    "--input-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="Read the input JSON from this file.",
+)
+@click.option(
+    "--idempotency-key", default=None, help="A repeated key returns the instance it started first."
+)
+def start(
+    flow_id: str,
+    db: str,
+    leases: str | None,
+    flows: tuple[str, ...],
+    output: str,
+    version: str | None,
+    input_json: str | None,
+    input_file: Path | None,
+    idempotency_key: str | None,
+) -> None:
+    """Start an instance, left Pending for any worker to run.
+
+    The command only journals the instance and exits; a ``flowx worker`` carrying the flow
+    picks it up, so starting never depends on this process staying alive.
+    """
+    try:
+        payload, value = inputs.input_text(input_json, input_file)
+    except FlowXError as exc:
+        fail(exc)
+
+    async def main() -> tuple[str, bool]:
+        stores = from_url(db, leases=leases)
+        host = FlowHost(store=stores, flows=load_flows(flows), recovery=False)
+        plan = host.plan(flow_id, version)
+        _refuse_unstartable(plan, value)
+        try:
+            async with host:
+                handle = await host.start(
+                    plan, payload, idempotency_key=idempotency_key, run_here=False
+                )
+                return handle.instance_id, handle.created
+        finally:
+            await stores.close()  # idempotent; covers an open() that failed half-way
+
+    instance_id, created = run(main())
+    if output == "json":
+        emit_json({"instance_id": instance_id, "created": created})
+        return
+    # stdout carries only the id, so `id=$(flowx start ...)` works either way.
+    click.echo(instance_id)
+    if not created:
+        click.echo(
+            f"note: idempotency key {idempotency_key!r} already started this instance; "
+            "nothing new was started",
+            err=True,
+        )
+
+
+@click.command(name="list")
+@db_option
+@output_option
+@click.option("--flow", "flow_id", default=None, help="Only instances of this flow id.")
+@click.option(
+    "--state",
+    type=click.Choice([s.value for s in InstanceState], case_sensitive=False),
+    default=None,
+    help="Only instances in this state.",
+)
+@click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
+@click.option(
+    "--before",
+    default=None,
+    metavar="CREATED_AT,ID",
+    help="Keyset cursor printed at the end of the previous page.",
+)
+def list_(
+    db: str, output: str, flow_id: str | None, state: str | None, limit: int, before: str | None
+) -> None:
+    """List instances, newest first.
+
+    Paged by keyset (created_at, instance id) rather than offset, so a page is stable while
+    new instances keep arriving at the top.
+    """
+    cursor = inputs.cursor(before) if before else None
+    query = InstanceQuery(
+        limit=limit,
+        flow_id=flow_id,
+        state=InstanceState(state) if state else None,
+        before=cursor,
+    )
+
+    async def main() -> list[InstanceRecord]:
+        async with open_stores(db) as stores:
+            return list(await stores.catalog.list_instances(query))
+
+    rows = run(main())
+    docs = [instance_dict(r) for r in rows]
+    if output == "json":
+        emit_json(docs)
+        return
+    if not rows:
+        click.echo("no instances" + (" before that cursor" if cursor else ""))
+        return
+    click.echo(instances_text(docs))
+    if len(rows) == limit:
+        # A full page may or may not be the last; the cursor is exact (microseconds), unlike
+        # the seconds shown in the table.
+        last = rows[-1]
+        click.echo(f"more: --before {last.created_at.isoformat()},{last.instance_id}", err=True)
+
+
+@click.command()
+@click.argument("instance_id")
+@db_option
+@output_option
+@click.option(
+    "--flows",
+    "flows",
+    multiple=True,
+    metavar="MODULE:ATTR",
+    help="Optional: the flow plans, to name the step a Suspended instance waits at.",
+)
+def show(instance_id: str, db: str, output: str, flows: tuple[str, ...]) -> None:
+    """Show an instance and its step history, in commit order.
+
+    A Suspended instance also says what it waits for (a signal, a sub-flow child or a timer),
+    until when, and at which step; a child instance names its parent.
+    """
+    plans = plans_or_fail(flows) if flows else []
+
+    async def main() -> tuple[InstanceRecord, list[StepRecord]]:
+        async with open_stores(db) as stores:
+            record = await stores.journal.get(instance_id)
+            if record is None:
+                raise InstanceNotFound(instance_id)
+            return record, list(await stores.journal.steps(instance_id))
+
+    record, steps = run(main())
+    doc = {
+        "instance": instance_dict(record),
+        "steps": [step_dict(s) for s in steps],
+        "waiting": waiting_dict(waiting_for(record, steps, plans)),
+        "parent": parent_dict(record),
+    }
+    if output == "json":
+        emit_json(doc)
+        return
+    click.echo(show_text(doc, record, steps))

@@ -1,0 +1,191 @@
+"""``flowx signal`` and ``flowx replay``: act on one instance through a host that runs only
+what it is asked to."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from flowx.cli import inputs
+from flowx.cli.app import db_option, flows_option, leases_option, output_option
+from flowx.cli.connect import command_host, not_carried, plans_or_fail
+from flowx.cli.exits import EXIT_ERROR, fail, is_a, run
+from flowx.cli.render import emit_json, receipt_dict, receipt_text, replay_dict, replay_text
+from flowx.cli.render import payload as decoded
+from flowx.errors import (
+    FlowNotFound,
+    FlowXError,
+    SignalPayloadInvalid,
+)
+from flowx.hosting.host import FlowHost
+from flowx.hosting.replay import ReplayPlan
+from flowx.hosting.storable import signal_payload
+from flowx.hosting.stores import from_url
+from flowx.stores.records import InstanceRecord, InstanceState, SignalReceipt
+
+
+async def _why_invalid(
+    host: FlowHost, exc: FlowXError, instance_id: str, name: str, value: object
+) -> FlowXError:
+    """The error to report for a payload the flow's type refused.
+
+    pydantic reports a lone surrogate's \\u escape as malformed JSON; say what is really wrong
+    (``SignalPayloadUnstorable`` is raised), as the host says it of a payload given as a value.
+    """
+    record = await host.get(instance_id)
+    signal_payload(host.plan(record.flow_id, record.flow_version), name, value, key=None)
+    return SignalPayloadInvalid(f"{exc}; pass --payload as a JSON object of that shape")
+
+
+@click.command()
+@click.argument("instance_id")
+@click.argument("name")
+@click.option(
+    "--payload",
+    default="{}",
+    show_default=True,
+    help="The signal's payload as JSON, checked against the type the flow waits for.",
+)
+@click.option(
+    "--key", default=None, help="Deduplication key: a second signal with this key is inert."
+)
+@flows_option
+@db_option
+@leases_option
+@output_option
+def signal(
+    instance_id: str,
+    name: str,
+    payload: str,
+    key: str | None,
+    flows: tuple[str, ...],
+    db: str,
+    leases: str | None,
+    output: str,
+) -> None:
+    """Deliver the signal NAME to an instance.
+
+    The signal is kept in the instance's inbox; if the instance is Suspended waiting for it,
+    it is woken — left Pending for any worker to run, not run here. A --key already delivered
+    is a duplicate (exit 0), even once the instance has ended. Exits 3 if there is no such
+    instance, 4 if it has already ended, 2 if the flow never waits for NAME, the payload does
+    not fit, or --flows does not carry the flow.
+    """
+    try:
+        payload, value = inputs.payload_text(payload)
+    except FlowXError as exc:
+        fail(exc)
+    plans = plans_or_fail(flows)
+
+    async def main() -> SignalReceipt:
+        stores = from_url(db, leases=leases)
+        try:
+            async with command_host(stores, plans) as host:
+                try:
+                    return await host.signal(instance_id, name, payload, key=key, run_here=False)
+                except FlowNotFound as exc:
+                    raise not_carried(exc, flows, plans) from exc
+                except FlowXError as exc:
+                    if not is_a(exc, SignalPayloadInvalid):
+                        raise
+                    raise await _why_invalid(host, exc, instance_id, name, value) from exc
+        finally:
+            await stores.close()
+
+    receipt = receipt_dict(run(main()))
+    if output == "json":
+        emit_json(receipt)
+        return
+    click.echo(receipt_text(receipt))
+
+
+def _replay_ok(mode: str, state: InstanceState) -> bool:
+    """Whether a replay that ended in ``state`` did what it was for."""
+    if state is InstanceState.COMPENSATION_FAILED:
+        return False
+    # Forward, Failed again means the step still fails; compensating, Failed is the goal.
+    return not (mode == "forward" and state in (InstanceState.FAILED, InstanceState.TIMED_OUT))
+
+
+@click.command()
+@click.option("--instance", "instance_id", required=True, help="The instance to replay.")
+@click.option(
+    "--from",
+    "from_step",
+    required=True,
+    metavar="STEP",
+    help="The step where the instance stopped (its name, or its numeric step id).",
+)
+@click.option("--dry-run", is_flag=True, help="Only say what would re-run; write nothing.")
+@click.option(
+    "--wait/--no-wait",
+    default=True,
+    show_default=True,
+    help="Run the instance here to its end (--wait) or leave it Pending for a worker.",
+)
+@flows_option
+@db_option
+@leases_option
+@output_option
+def replay(
+    instance_id: str,
+    from_step: str,
+    dry_run: bool,
+    wait: bool,
+    flows: tuple[str, ...],
+    db: str,
+    leases: str | None,
+    output: str,
+) -> None:
+    """Re-run a failed instance once its fault is fixed, never rewriting its history.
+
+    CompensationFailed: the compensations still owed re-run, from the one that ran out.
+    Failed with no compensation begun: the failed step re-runs and the flow goes on. Every
+    try is a new attempt row. Exits 4 when the instance cannot be replayed (or --from is not
+    where it stopped: the message names the right step), 3 if there is no such instance, and
+    1 when a --wait replay ends CompensationFailed again or, forward, Failed again.
+    """
+    plans = plans_or_fail(flows)
+    # isdigit() is true of '²' too, which int() refuses: only ASCII digits are a step id.
+    numeric = from_step.isascii() and from_step.isdigit()
+    target: str | int = int(from_step) if numeric else from_step
+
+    async def main() -> tuple[ReplayPlan, InstanceRecord | None]:
+        stores = from_url(db, leases=leases)
+        try:
+            if not wait or dry_run:
+                # An unopened host journals the re-arm but runs nothing: the instance is left
+                # Pending for a worker, however quickly the command exits.
+                await stores.open()
+                host = command_host(stores, plans)
+                try:
+                    return await host.replay(instance_id, target, dry_run=dry_run), None
+                except FlowNotFound as exc:
+                    raise not_carried(exc, flows, plans) from exc
+            async with command_host(stores, plans) as host:
+                try:
+                    planned = await host.replay(instance_id, target)
+                except FlowNotFound as exc:
+                    raise not_carried(exc, flows, plans) from exc
+                await host.wait_idle()
+                return planned, await host.get(instance_id)
+        finally:
+            await stores.close()
+
+    planned, final = run(main())
+    doc = replay_dict(planned)
+    doc["dry_run"] = dry_run
+    doc["final_state"] = final.state.value if final is not None else None
+    doc["error"] = decoded(final.error) if final is not None else None
+    if output == "json":
+        emit_json(doc)
+    else:
+        click.echo(replay_text(doc))
+    if final is not None and not _replay_ok(planned.mode, final.state):
+        click.echo(
+            f"error: the replay of {planned.instance_id} ended {final.state.value} again: "
+            f"{final.error}; fix the fault and replay again (`flowx show` has every attempt)",
+            err=True,
+        )
+        sys.exit(EXIT_ERROR)
