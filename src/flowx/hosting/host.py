@@ -25,10 +25,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from flowx import codec
 from flowx.capability import CapabilityRegistry, default_registry
 from flowx.clock import Clock, SystemClock
-from flowx.engine.runner import (
-    Execution,
-    RunResult,
-)
+from flowx.engine.runner import Execution, RunPorts, RunResult, RunSpec
 from flowx.errors import (
     DurabilityNotConfigured,
     FlowFailed,
@@ -832,13 +829,13 @@ class FlowHost:
     async def _start_ephemeral(self, plan: Plan, value: BaseModel) -> FlowHandle[Any]:
         instance_id = str(uuid.uuid4())
         execution = Execution(
-            plan=plan,
-            instance_id=instance_id,
-            input_value=value,
-            committer=_EphemeralCommitter(),
-            clock=self.clock,
-            registry=self.registry,
-            executor=self._threads,
+            RunSpec.ephemeral(plan, instance_id, value),
+            RunPorts(
+                committer=_EphemeralCommitter(),
+                clock=self.clock,
+                registry=self.registry,
+                executor=self._threads,
+            ),
         )
         self._ephemeral_results[instance_id] = await execution.run()
         return FlowHandle(self, plan, instance_id, created=True)
@@ -889,36 +886,22 @@ class FlowHost:
     ) -> RunResult | None:
         try:
             async with self._slots:
-                last_wake = (
-                    Wake(
-                        step_id=record.wake_step_id,
-                        scope=record.wake_scope or "",
-                        at=record.wake_at,
-                        signal=record.wake_signal,
-                    )
-                    if record.wake_step_id is not None
-                    else None
-                )
                 execution = Execution(
-                    plan=plan,
-                    instance_id=record.instance_id,
-                    input_value=plan.input_model.model_validate_json(record.input),
-                    committer=_DurableCommitter(self, record.instance_id, lease),
-                    clock=self.clock,
-                    history=history,
-                    resume_count=record.resume_count,
-                    max_resumes=self.settings.max_resumes_without_progress,
-                    tenant_id=record.tenant_id,
-                    registry=self.registry,
-                    executor=self._threads,
-                    should_yield=lambda: not self._accepting,
-                    waits=_DurableWaits(self, record, lease),
-                    deadline_at=record.deadline_at,
-                    last_wake=last_wake,
-                    replay_sequence=record.replay_sequence,
-                    is_child=record.parent_instance_id is not None,
-                    state=record.state,
-                    guard=lambda: lease.token,
+                    RunSpec.from_record(
+                        plan,
+                        record,
+                        history,
+                        max_resumes=self.settings.max_resumes_without_progress,
+                    ),
+                    RunPorts(
+                        committer=_DurableCommitter(self, record.instance_id, lease),
+                        clock=self.clock,
+                        registry=self.registry,
+                        executor=self._threads,
+                        should_yield=lambda: not self._accepting,
+                        waits=_DurableWaits(self, record, lease),
+                        guard=lambda: lease.token,
+                    ),
                 )
                 try:
                     result = await execution.run()
@@ -980,21 +963,15 @@ class FlowHost:
             )
             child = history.instance
             execution = Execution(
-                plan=plan,
-                instance_id=child_id,
-                input_value=plan.input_model.model_validate_json(child.input),
-                committer=_DurableCommitter(self, child_id, durable),
-                clock=self.clock,
-                history=history.steps,
-                tenant_id=child.tenant_id,
-                registry=self.registry,
-                executor=self._threads,
-                waits=_DurableWaits(self, child, durable),
-                replay_sequence=child.replay_sequence,
-                is_child=True,
-                state=child.state,
-                guard=lambda: durable.token,
-                undo=True,
+                RunSpec.undo_child(plan, child, history.steps),
+                RunPorts(
+                    committer=_DurableCommitter(self, child_id, durable),
+                    clock=self.clock,
+                    registry=self.registry,
+                    executor=self._threads,
+                    waits=_DurableWaits(self, child, durable),
+                    guard=lambda: durable.token,
+                ),
             )
             result = await execution.run()
         finally:
