@@ -6,6 +6,7 @@ URL is used, so the embedded default needs no extra.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -45,9 +46,14 @@ def _take_param(url: str, name: str) -> tuple[str, str | None]:
 
 def postgres(dsn: str, *, schema: str | None = None, migrate: bool = True, **pool: Any) -> Stores:
     """The production store. ``schema`` (default ``flowx``, or ``?flowx_schema=`` in the URL)
-    is the PostgreSQL schema FlowX keeps its tables in. Needs ``flowx[postgres]``."""
+    is the PostgreSQL schema FlowX keeps its tables in. Needs ``flowx[postgres]``.
+
+    ``pool`` takes the pool's sizes and, by name, any session limit (``connect_timeout=2``,
+    ``lock_timeout_ms=…``): those are grouped into the store's ``SessionLimits`` here, so a
+    caller need not import the backend to set one."""
     try:
         from flowx.stores.postgres import PostgresStores
+        from flowx.stores.postgres.database import SessionLimits
     except ImportError as exc:
         raise FlowXError(
             f"the PostgreSQL store needs psycopg: pip install 'flowx[postgres]' ({exc})",
@@ -55,6 +61,11 @@ def postgres(dsn: str, *, schema: str | None = None, migrate: bool = True, **poo
         ) from exc
     chosen = check_postgres(dsn, schema)
     clean, _ = _take_param(dsn, "flowx_schema")
+    named = {f.name for f in dataclasses.fields(SessionLimits)}
+    limits = {k: pool.pop(k) for k in list(pool) if k in named}
+    if limits:
+        base = pool.get("limits") or SessionLimits()
+        pool["limits"] = dataclasses.replace(base, **limits)
     return PostgresStores(clean, schema=chosen, migrate=migrate, **pool)
 
 
