@@ -1,11 +1,11 @@
-"""B7 before/after, interleaved: run the same benchmark against two source trees in turn.
+"""B7 before/after, interleaved: each checkout's B7 run in turn, on one machine.
 
-    python -m benchmarks.ab_trees --before ../base/src --after src --store postgresql://...
+    python -m benchmarks.ab_trees --before ../base --after . --store postgresql://...
 
-Each round runs ``benchmarks.journal_throughput`` once per tree (order alternating round by
-round), each in its own process with that tree's ``src`` first on ``PYTHONPATH``, and reads the
-JSON it writes. The machine is shared and noisy: what is reported is the per-round after/before
-ratio of step-commits/s at each concurrency, and its median.
+Each round runs each checkout's own ``benchmarks.journal_throughput`` once (order alternating
+round by round), in its own process with that checkout's ``src`` first on ``PYTHONPATH``, and
+reads the JSON it writes. The machine is shared and noisy: what is reported is the per-round
+after/before ratio of step-commits/s at each concurrency, and its median.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from typing import Any
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def one_run(src: Path, args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
-    env = dict(os.environ, PYTHONPATH=str(src.resolve()))
+def one_run(tree: Path, args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
+    """One B7 run of ``tree``'s own benchmark against ``tree``'s own flowx."""
+    env = dict(os.environ, PYTHONPATH=str((tree / "src").resolve()))
     cmd = [
         sys.executable,
         "-m",
@@ -35,23 +36,24 @@ def one_run(src: Path, args: argparse.Namespace, out: Path) -> list[dict[str, An
         str(args.steps),
         "--concurrency",
         args.concurrency,
-        "--out",
-        str(out),
     ]
     if args.store:
         cmd += ["--store", args.store]
-    subprocess.run(
-        cmd,
-        env=env,
-        check=True,
-        stdout=subprocess.DEVNULL,
-        cwd=Path(__file__).resolve().parent.parent,
-    )
+    bench = (tree / "benchmarks" / "journal_throughput.py").read_text()
+    if '"--out"' in bench:
+        cmd += ["--out", str(out)]
+    else:  # an older tree writes where it always did
+        backend = (args.store or "sqlite://").split(":", 1)[0]
+        out = (
+            tree / "benchmarks" / "results" / f"journal_throughput-{backend}-{args.steps}steps.json"
+        )
+    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, cwd=tree)
     return json.loads(out.read_text())["results"]  # type: ignore[no-any-return]
 
 
-def check_tree(src: Path) -> None:
-    """Refuse to measure if ``src`` is not the flowx the benchmark process would import."""
+def check_tree(tree: Path) -> None:
+    """Refuse to measure if ``tree/src`` is not the flowx the benchmark process would import."""
+    src = tree / "src"
     env = dict(os.environ, PYTHONPATH=str(src.resolve()))
     where = subprocess.run(
         [sys.executable, "-c", "import flowx; print(flowx.__file__)"],
@@ -61,13 +63,13 @@ def check_tree(src: Path) -> None:
         text=True,
     ).stdout.strip()
     if not Path(where).resolve().is_relative_to(src.resolve()):
-        raise SystemExit(f"{src} is not what gets imported ({where}); pass a tree's src/ folder")
+        raise SystemExit(f"{src} is not what gets imported ({where}); pass a checkout's root")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--before", required=True, type=Path, help="the old tree's src/")
-    parser.add_argument("--after", required=True, type=Path, help="the new tree's src/")
+    parser.add_argument("--before", required=True, type=Path, help="the old checkout (its root)")
+    parser.add_argument("--after", required=True, type=Path, help="the new checkout (its root)")
     parser.add_argument("--store", default=None)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--instances", type=int, default=500)

@@ -12,7 +12,7 @@ from pydantic import BaseModel
 
 import flowx
 from flowx import codec
-from flowx.engine import Execution
+from flowx.engine import Execution, RunPorts, RunSpec
 from flowx.stores.errors import FencedOut
 from flowx.stores.records import InstanceState, Outcome, StepRecord
 from tests.engine import kit
@@ -316,6 +316,16 @@ async def _journal_prefix(
     return handle.instance_id, rows[:upto]
 
 
+def _execution(
+    plan: Any, instance_id: str, input_value: Any, committer: Any, clock: Any, **spec: Any
+) -> Execution:
+    """An Execution with only a committer and a clock (no waits): the loop alone."""
+    return Execution(
+        RunSpec(plan=plan, instance_id=instance_id, input_value=input_value, **spec),
+        RunPorts(committer=committer, clock=clock),
+    )
+
+
 class _Recorder:
     def __init__(self) -> None:
         self.writes: list[Any] = []
@@ -332,12 +342,12 @@ async def test_resume_replays_committed_rows_without_calling_their_capabilities(
     iid, history = await _journal_prefix(host, plan, Order(order_id="r1"), upto=1)
     calls.clear()
     recorder = _Recorder()
-    result = await Execution(
-        plan=plan,
-        instance_id=iid,
-        input_value=Order(order_id="r1"),
-        committer=recorder,
-        clock=clock,
+    result = await _execution(
+        plan,
+        iid,
+        Order(order_id="r1"),
+        recorder,
+        clock,
         history=history,
         tenant_id="acme",
     ).run()
@@ -358,12 +368,12 @@ async def test_resume_continues_the_attempt_count_of_a_failing_step(
     iid, history = await _journal_prefix(host, plan, Order(order_id="r2"), upto=1)
     assert history[0].outcome is Outcome.FAILURE
     recorder = _Recorder()
-    await Execution(
-        plan=plan,
-        instance_id=iid,
-        input_value=Order(order_id="r2"),
-        committer=recorder,
-        clock=clock,
+    await _execution(
+        plan,
+        iid,
+        Order(order_id="r2"),
+        recorder,
+        clock,
         history=history,
     ).run()
     first = recorder.writes[0]["step"]
@@ -389,12 +399,12 @@ async def test_the_idempotency_key_is_stable_across_re_execution(
     plan = order_flow()
     host = await host_factory(plan)
     iid, history = await _journal_prefix(host, plan, Order(order_id="k1"), upto=1)
-    await Execution(
-        plan=plan,
-        instance_id=iid,
-        input_value=Order(order_id="k1"),
-        committer=_Recorder(),
-        clock=clock,
+    await _execution(
+        plan,
+        iid,
+        Order(order_id="k1"),
+        _Recorder(),
+        clock,
         history=history,
     ).run()
     keys = behaviour["capture_keys"]
@@ -414,12 +424,12 @@ async def test_a_journal_that_does_not_match_the_plan_is_nondeterminism(
         .build()
     )
     with pytest.raises(flowx.NonDeterminismError, match=r"named 'ex\.capture'"):
-        Execution(
-            plan=changed,
-            instance_id=iid,
-            input_value=Order(order_id="d1"),
-            committer=_Recorder(),
-            clock=clock,
+        _execution(
+            changed,
+            iid,
+            Order(order_id="d1"),
+            _Recorder(),
+            clock,
             history=history,
         )
 
@@ -429,12 +439,12 @@ async def test_a_step_that_keeps_killing_its_worker_is_failed_not_rerun(
 ) -> None:
     plan = order_flow()
     recorder = _Recorder()
-    result = await Execution(
-        plan=plan,
-        instance_id="poison",
-        input_value=Order(order_id="p1"),
-        committer=recorder,
-        clock=clock,
+    result = await _execution(
+        plan,
+        "poison",
+        Order(order_id="p1"),
+        recorder,
+        clock,
         resume_count=11,
         max_resumes=10,
     ).run()
@@ -455,12 +465,12 @@ async def test_a_fenced_out_commit_aborts_without_compensating(clock: Any) -> No
             if self.n == 2:  # the capture failure's commit is refused
                 raise FencedOut("x", 1, 2)
 
-    result = await Execution(
-        plan=order_flow(),
-        instance_id="z",
-        input_value=Order(order_id="z1"),
-        committer=Fenced(),
-        clock=clock,
+    result = await _execution(
+        order_flow(),
+        "z",
+        Order(order_id="z1"),
+        Fenced(),
+        clock,
     ).run()
     assert result.outcome == "aborted"
     assert "fence 2" in (result.abort_reason or "")
@@ -555,12 +565,12 @@ async def test_an_input_with_no_json_form_is_refused_before_anything_is_written(
 
 async def test_the_last_step_commit_also_completes_the_instance(clock: Any) -> None:
     recorder = _Recorder()
-    result = await Execution(
-        plan=order_flow(),
-        instance_id="f1",
-        input_value=Order(order_id="f1"),
-        committer=recorder,
-        clock=clock,
+    result = await _execution(
+        order_flow(),
+        "f1",
+        Order(order_id="f1"),
+        recorder,
+        clock,
     ).run()
     assert result.outcome == "completed"
     assert len(recorder.writes) == 3  # three nodes, three writes: no separate "Completed"

@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import BaseModel
 
 import flowx
-from flowx.engine import Execution
+from flowx.engine import Execution, RunPorts, RunSpec
 from flowx.engine.runner import child_instance_id
 from flowx.stores.errors import LeaseLost
 from flowx.stores.records import InstanceState, Outcome
@@ -130,12 +130,8 @@ async def test_a_node_that_lost_its_lease_does_not_run_the_compensation(clock: F
         return 1
 
     execution = Execution(
-        plan=plan,
-        instance_id="i",
-        input_value=Order(order_id="z"),
-        committer=commit,
-        clock=clock,
-        guard=guard,
+        RunSpec(plan=plan, instance_id="i", input_value=Order(order_id="z")),
+        RunPorts(committer=commit, clock=clock, guard=guard),
     )
     result = await execution.run()
     assert result.outcome == "aborted"

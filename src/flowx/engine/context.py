@@ -12,6 +12,7 @@ from __future__ import annotations
 import random as _random
 import threading
 import uuid as _uuid
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -20,31 +21,38 @@ from flowx.clock import Clock
 _KINDS = ("now", "uuid", "random")
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepAttempt:
+    """Which attempt of which step of which instance a context belongs to."""
+
+    instance_id: str
+    flow_id: str
+    flow_version: str
+    scope: str
+    step_id: int
+    step_name: str
+    attempt: int
+
+
 class StepContext:
     """Passed as the first argument to every capability."""
 
     def __init__(
         self,
-        *,
-        instance_id: str,
-        flow_id: str,
-        flow_version: str,
-        scope: str,
-        step_id: int,
-        step_name: str,
-        attempt: int,
+        where: StepAttempt,
         clock: Clock,
+        *,
         recorded: dict[str, list[Any]] | None = None,
         step_result: Any = None,
         compensating: bool = False,
     ) -> None:
-        self.instance_id = instance_id
-        self.flow_id = flow_id
-        self.flow_version = flow_version
-        self.scope = scope
-        self.step_id = step_id
-        self.step_name = step_name
-        self.attempt = attempt
+        self.instance_id = where.instance_id
+        self.flow_id = where.flow_id
+        self.flow_version = where.flow_version
+        self.scope = where.scope
+        self.step_id = where.step_id
+        self.step_name = where.step_name
+        self.attempt = where.attempt
         #: In a compensation: the result the compensated step returned (decoded JSON).
         self.step_result = step_result
         self.compensating = compensating

@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from flowx.engine.runner import Execution, RunResult
+from flowx.engine.runner import Execution, RunPorts, RunResult, RunSpec
 from flowx.errors import FlowXError, NonDeterminismError, NonRetryableError
 from flowx.hosting.context import NodeContext
 from flowx.hosting.creation import child_instance
@@ -40,7 +40,6 @@ from flowx.stores.records import (
     NewInstance,
     RecoveryCandidate,
     StepRecord,
-    Wake,
 )
 
 log = logging.getLogger("flowx.host")
@@ -215,7 +214,9 @@ class InstanceRunner:
         durable, history = claimed
         child = history.instance
         try:
-            execution = self._execution(plan, child, history.steps, durable, undo=True)
+            execution = self._execution(
+                RunSpec.undo_child(plan, child, history.steps), durable, child
+            )
             result = await execution.run()
         finally:
             await durable.release()
@@ -257,7 +258,7 @@ class InstanceRunner:
 
     async def run_ephemeral(self, plan: Plan, instance_id: str, value: BaseModel) -> RunResult:
         """Run an Ephemeral instance to its end, here and now, with no journal (R2.9)."""
-        result = await self._execution(plan, None, (), None, value=value, iid=instance_id).run()
+        result = await self._execution(RunSpec.ephemeral(plan, instance_id, value)).run()
         kept = self._ephemeral
         kept[instance_id] = result
         while len(kept) > self._ctx.settings.ephemeral_results_kept:
@@ -297,51 +298,35 @@ class InstanceRunner:
 
     def _execution(
         self,
-        plan: Plan,
-        record: InstanceRecord | None,
-        history: tuple[StepRecord, ...],
-        lease: DurableLease | None,
-        *,
-        undo: bool = False,
-        value: BaseModel | None = None,
-        iid: str = "",
+        spec: RunSpec,
+        lease: DurableLease | None = None,
+        record: InstanceRecord | None = None,
     ) -> Execution:
-        """The one place a node builds an ``Execution``. Without a ``record`` it is an
-        Ephemeral run of ``value``; with ``undo`` a completed child replayed then compensated,
-        which neither yields to a drain, nor times out, nor counts takeovers as poison."""
+        """The one place a node builds an ``Execution``: ``spec`` says which run (from a
+        record, undoing a child, Ephemeral); the ports bind it to this node. A durable run
+        (``lease`` and ``record``) commits and waits under its lease; only a forward one
+        yields to a drain — an undo is compensation, which a drain never interrupts."""
         ctx = self._ctx
-        full = record is not None and not undo  # a run forward, not an undo
-        if record is not None:
-            iid = record.instance_id
-            value = plan.input_model.model_validate_json(record.input)
-        assert value is not None
+        durable = lease is not None and record is not None
         return Execution(
-            plan=plan,
-            instance_id=iid,
-            input_value=value,
-            committer=(
-                DurableCommitter(ctx, iid, lease) if lease is not None else EphemeralCommitter()
+            spec,
+            RunPorts(
+                committer=(
+                    DurableCommitter(ctx, spec.instance_id, lease)
+                    if lease is not None
+                    else EphemeralCommitter()
+                ),
+                clock=ctx.clock,
+                registry=ctx.registry,
+                executor=ctx.threads,
+                waits=(
+                    DurableWaits(ctx, record, lease, self)
+                    if record is not None and lease is not None
+                    else None
+                ),
+                should_yield=(lambda: not ctx.accepting) if durable and not spec.undo else None,
+                guard=(lambda: lease.token) if lease is not None else None,
             ),
-            clock=ctx.clock,
-            history=history,
-            resume_count=record.resume_count if full and record is not None else 0,
-            max_resumes=ctx.settings.max_resumes_without_progress,
-            tenant_id=record.tenant_id if record is not None else None,
-            registry=ctx.registry,
-            executor=ctx.threads,
-            should_yield=(lambda: not ctx.accepting) if full else None,
-            waits=(
-                DurableWaits(ctx, record, lease, self)
-                if record is not None and lease is not None
-                else None
-            ),
-            deadline_at=record.deadline_at if full and record is not None else None,
-            last_wake=_last_wake(record) if full and record is not None else None,
-            replay_sequence=record.replay_sequence if record is not None else None,
-            is_child=undo or (record is not None and record.parent_instance_id is not None),
-            state=record.state if record is not None else None,
-            guard=(lambda: lease.token) if lease is not None else None,
-            undo=undo,
         )
 
     def _spawn(
@@ -384,7 +369,13 @@ class InstanceRunner:
         iid = record.instance_id
         try:
             async with self._slots:
-                execution = self._execution(plan, record, history, lease)
+                spec = RunSpec.from_record(
+                    plan,
+                    record,
+                    history,
+                    max_resumes=self._ctx.settings.max_resumes_without_progress,
+                )
+                execution = self._execution(spec, lease, record)
                 try:
                     result = await execution.run()
                 except asyncio.CancelledError:
@@ -465,15 +456,3 @@ class InstanceRunner:
                     "drain: %d instance(s) ignored cancellation; their leases expire after one TTL",
                     len(stubborn),
                 )
-
-
-def _last_wake(record: InstanceRecord) -> Wake | None:
-    """The wait ``record`` was last sealed at, so a run reaching it again keeps its deadline."""
-    if record.wake_step_id is None:
-        return None
-    return Wake(
-        step_id=record.wake_step_id,
-        scope=record.wake_scope or "",
-        at=record.wake_at,
-        signal=record.wake_signal,
-    )

@@ -1,0 +1,333 @@
+"""The state of one run, and the only code that writes it: commits, seals, the state model.
+
+Node kinds (``engine/nodes``) and the saga (``engine/saga.py``) all act on a ``Run``: they
+read the history index, compute, and commit through ``Run.write`` — which serialises commits
+(fork branches commit concurrently), applies results to the state under the same lock, and
+feeds each commit back into the index. Losing the right to write, at any of these points,
+becomes ``Halt.abort``; nothing here decides what a halt means for the instance.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable, Coroutine
+from datetime import datetime
+from typing import Any, NoReturn, Protocol
+
+from pydantic import BaseModel
+
+from flowx import codec
+from flowx.capability import Capability, CapabilityRegistry, default_registry
+from flowx.engine.context import StepAttempt, StepContext
+from flowx.engine.failures import error_payload
+from flowx.engine.halt import Halt
+from flowx.engine.history import Attempts, Done, History, journal_order
+from flowx.engine.ports import RunPorts
+from flowx.engine.spec import RunSpec
+from flowx.errors import CapabilityNotFound, FlowXError, NonDeterminismError
+from flowx.plan.model import EmitNode, Node, StepNode, SubFlowNode
+from flowx.stores.errors import FencedOut, LeaseLost
+from flowx.stores.records import EventWrite, InstanceState, Outcome, StepRecord, StepWrite, Wake
+
+#: Event ids are derived (emits, alerts), so one re-staged after a crash keeps its id.
+EVENT_NAMESPACE = uuid.UUID("6f1c3b8e-2b0a-4c57-9d3e-4e1f0c9a7d21")
+
+#: Walks a sequence of nodes in a scope (the dispatcher, owned by ``Execution``): node kinds
+#: with bodies (for_each, fork, a signal's timeout path) recurse through it.
+Walk = Callable[[tuple[Node, ...], str, Any, bool], Coroutine[Any, Any, Any]]
+
+
+class Versioned(Protocol):
+    """What a journal row names of whatever ran: a capability or a child's undo."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def version(self) -> str: ...
+
+
+class Run:
+    """One run's mutable state: the instance state model, counters, the history index, and
+    the flags that say whether anything new may still run."""
+
+    def __init__(self, spec: RunSpec, ports: RunPorts, walk: Walk) -> None:
+        plan = spec.plan
+        self.spec = spec
+        self.plan = plan
+        self.instance_id = spec.instance_id
+        self.input = spec.input_value
+        self.tenant_id = spec.tenant_id
+        self.deadline_at = spec.deadline_at
+        self.clock = ports.clock
+        self.registry: CapabilityRegistry = ports.registry or default_registry
+        self.executor = ports.executor
+        self.waits = ports.waits
+        self.should_yield = ports.should_yield
+        self._ports = ports
+        self.walk = walk
+        self.state: BaseModel = plan.state_model()
+        self.executed = 0
+        self.replayed = 0
+        self.last_wake = spec.last_wake
+        # Fork branches commit concurrently: commits (and the state they snapshot) take turns.
+        self._lock = asyncio.Lock()
+        self.commits = 0
+        #: A fork sibling failed: the other branches stop at their next boundary.
+        self.halted = False
+        # Every takeover without a step commit in between is counted by the journal; past
+        # the limit, the step about to run is failed instead of run again (R4.3).
+        self.poisoned = spec.resume_count > spec.max_resumes
+        self.history = History(plan, spec.instance_id, spec.history, spec.replay_sequence)
+        # The last body node's success commit also completes the instance: one write fewer
+        # per flow on the hot path, and no window in which the last step is in but the
+        # instance is not yet Completed.
+        last = plan.body[-1]
+        self.final_node: Node | None = last if isinstance(last, StepNode | EmitNode) else None
+        self.completed = False
+        # Set once this run is ending the instance (failing, compensating, timing out): a run
+        # cut from then on is not handed back ``Pending`` — it resumes from its own rows.
+        self.ending = False
+        # Once compensation has begun, nothing forward runs again: a resumed (or replayed)
+        # run only replays what committed, finds the failure again, and compensates. Without
+        # this a fork's healthy branch would run its next step before its sibling's
+        # journaled failure is reached.
+        self.compensating = (
+            spec.undo
+            or self.history.compensation_began
+            or spec.state in (InstanceState.COMPENSATING, InstanceState.COMPENSATION_FAILED)
+        )
+
+    # -- writing -------------------------------------------------------------------------
+
+    async def write(
+        self,
+        key: tuple[str, int],
+        step: StepWrite,
+        *,
+        apply: tuple[str | None, Any] | None = None,
+        prepared: tuple[BaseModel, BaseModel, str | None] | None = None,
+        snapshot: bool = False,
+        events: tuple[EventWrite, ...] = (),
+        state: InstanceState | None = None,
+        error: dict[str, Any] | None = None,
+    ) -> None:
+        """Commit one row. ``apply=(into, value)`` puts a result into the state under the
+        commit lock, so concurrent fork branches never overwrite each other's fields.
+        ``prepared=(base, new, bag)`` is that state (and its encoding, if known) already
+        computed from ``base``: used as is when no other branch moved the state meanwhile
+        (always, outside a fork)."""
+        async with self._lock:
+            bag = None
+            if apply is None:
+                new_state = self.state
+            elif prepared is not None and prepared[0] is self.state:
+                new_state, bag = prepared[1], prepared[2]
+            else:
+                new_state = self.applied(*apply)
+            wants_bag = snapshot or (apply is not None and apply[0] is not None)
+            notify = self.spec.is_child and state is not None and state.terminal
+            try:
+                await self._ports.committer(
+                    step=step,
+                    state_bag=(bag or codec.dumps(new_state)) if wants_bag else None,
+                    events=events,
+                    state=state,
+                    error=codec.dumps(error) if error is not None else None,
+                    notify_parent=notify,
+                )
+            except (FencedOut, LeaseLost) as exc:
+                raise Halt.abort(str(exc)) from exc
+            self.state = new_state
+            self.commits += 1
+        self.history.committed(key, step)
+        if self._ports.on_step is not None:
+            self._ports.on_step(self.instance_id, step)
+
+    async def transition(
+        self,
+        state: InstanceState,
+        *,
+        error: dict[str, Any] | None = None,
+        events: tuple[EventWrite, ...] = (),
+    ) -> None:
+        """Move the instance to ``state`` with no step row (snapshotting the state)."""
+        async with self._lock:
+            try:
+                await self._ports.committer(
+                    state=state,
+                    state_bag=codec.dumps(self.state),
+                    error=codec.dumps(error) if error is not None else None,
+                    events=events,
+                    notify_parent=self.spec.is_child and state.terminal,
+                )
+            except (FencedOut, LeaseLost) as exc:
+                raise Halt.abort(str(exc)) from exc
+
+    async def suspend(
+        self,
+        node: Node,
+        scope: str,
+        *,
+        at: datetime | None,
+        signal: str | None,
+        child: str | None,
+        clamp: bool = True,
+    ) -> bool:
+        """Seal the instance at this wait; ``False`` if what it waits for is already there.
+        The timer is armed at the deadline too, unless ``clamp`` is off."""
+        assert self.waits is not None  # FLOWX1017: waits exist only in Durable flows
+        if clamp and self.deadline_at is not None:
+            at = self.deadline_at if at is None else min(at, self.deadline_at)
+        wake = Wake(step_id=node.step_id, scope=scope, at=at, signal=signal)
+        async with self._lock:
+            try:
+                sealed = await self.waits.suspend(
+                    wake,
+                    state_bag=codec.dumps(self.state),
+                    consumed=tuple(sorted(self.history.consumed.get(signal or "", ()))),
+                    child=child,
+                )
+            except (FencedOut, LeaseLost) as exc:
+                raise Halt.abort(str(exc)) from exc
+        if sealed:
+            self.last_wake = wake
+            raise Halt.suspended(at)
+        return False
+
+    async def fail_node(
+        self,
+        node: Node,
+        scope: str,
+        attempt: int,
+        message: str,
+        code: str,
+        **facts: Any,
+    ) -> NoReturn:
+        """Journal a failure no retry can fix as this node's row, and fail the flow with it."""
+        error = {**error_payload(FlowXError(message, code=code), retryable=False), **facts}
+        await self.write(
+            (scope, node.step_id), self.row(node, None, scope, attempt, Outcome.FAILURE, error)
+        )
+        raise Halt.failed(node, scope, error)
+
+    def row(
+        self,
+        node: Node,
+        cap: Versioned | None,
+        scope: str,
+        attempt: int,
+        outcome: Outcome,
+        result: str | dict[str, Any],
+        ctx: StepContext | None = None,
+        started: float | None = None,
+    ) -> StepWrite:
+        """The journal row for one attempt of ``node``."""
+        drawn = ctx.drawn() if ctx is not None else None
+        return StepWrite(
+            scope=scope,
+            step_id=node.step_id,
+            attempt=attempt,
+            step_name=node.name,
+            outcome=outcome,
+            result=result if isinstance(result, str) else codec.dumps(result),
+            capability_id=cap.id if cap else None,
+            capability_version=cap.version if cap else None,
+            nondeterministic=codec.dumps(drawn) if drawn else None,
+            duration_ms=int((time.monotonic() - started) * 1000) if started else 0,
+        )
+
+    # -- state and history ----------------------------------------------------------------
+
+    def applied(self, into: str | None, value: Any) -> BaseModel:
+        """The state with ``value`` in field ``into`` (validated), not yet committed."""
+        if into is None:
+            return self.state
+        data = self.state.model_dump(mode="json")
+        data[into] = value
+        return self.plan.state_model.model_validate(data)
+
+    def replay_done(
+        self, node: StepNode | SubFlowNode, scope: str, row: StepRecord, argument: Any
+    ) -> Any:
+        """A committed result, applied as a live one is and kept for compensation."""
+        value = codec.loads(row.result)
+        self.state = self.applied(node.into, value)
+        self.keep(node, scope, argument, value, row)
+        self.replayed += 1
+        return value
+
+    def keep(
+        self,
+        node: StepNode | SubFlowNode,
+        scope: str,
+        argument: Any,
+        result: Any,
+        row: StepRecord | None = None,
+    ) -> None:
+        """Remember a finished step for compensation, in the order its effect happened."""
+        order = journal_order(row) if row is not None else (1, self.commits)
+        self.history.keep(
+            Done(node=node, scope=scope, argument=argument, result=result, order=order)
+        )
+
+    def pinned(self, node: StepNode, attempts: Attempts) -> Capability:
+        """The capability version the journal ran this step with (R2.6)."""
+        version = attempts.capability_version
+        if version is None or version == node.capability.version:
+            return node.capability
+        try:
+            return self.registry.resolve(node.capability.id, version)
+        except CapabilityNotFound as exc:
+            raise NonDeterminismError(
+                f"instance {self.instance_id} ran step {node.name!r} with "
+                f"{node.capability.id}@{version}, which this node does not carry (R2.6)"
+            ) from exc
+
+    def source(self, item: Any, has_item: bool) -> Any:
+        """A selector's first argument: the flow input, or the element inside a for_each."""
+        return item if has_item else self.input
+
+    def context(self, node: Node, scope: str, attempt: int, **kw: Any) -> StepContext:
+        where = StepAttempt(
+            instance_id=self.instance_id,
+            flow_id=self.plan.flow_id,
+            flow_version=self.plan.version,
+            scope=scope,
+            step_id=node.step_id,
+            step_name=node.name,
+            attempt=attempt,
+        )
+        return StepContext(where, self.clock, **kw)
+
+    # -- policy at a boundary --------------------------------------------------------------
+
+    def live(self) -> None:
+        """Before a capability: stop (abort) if this node may no longer write."""
+        if self._ports.guard is not None:
+            try:
+                self._ports.guard()
+            except (FencedOut, LeaseLost) as exc:
+                raise Halt.abort(str(exc)) from exc
+
+    def forward(self, node: Node, scope: str) -> None:
+        """About to run ``node`` anew: refused while compensating, or once a sibling failed."""
+        if self.compensating or self.halted:
+            raise Halt.halted(node, scope)
+
+    def check_deadline(self, node: Node, scope: str) -> None:
+        """SPEC §8: a flow past its deadline runs no further step; it compensates and ends
+        ``TimedOut``. Checked at every step boundary; a step already running is cut by
+        ``invoke_bounded`` when the deadline comes first (issue 12 item 4)."""
+        if self.deadline_at is not None and self.clock.now() >= self.deadline_at:
+            raise Halt.deadline(node, scope, self.deadline_at)
+
+    def wait_until(self, node: Node, scope: str, duration: Any) -> datetime:
+        """When a wait reached now ends: the same moment as when it was sealed, if it was."""
+        w = self.last_wake
+        if w is not None and w.step_id == node.step_id and w.scope == scope and w.at is not None:
+            return w.at
+        moment: datetime = self.clock.now() + duration
+        return moment
