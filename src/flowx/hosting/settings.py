@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, mo
 
 from flowx.durations import parse_duration
 from flowx.errors import SettingsError
+from flowx.validation import problems
 
 _DURATIONS = (
     "lease_ttl",
@@ -55,6 +56,10 @@ class HostSettings(BaseModel):
     #: The furthest this node's clock may be from a store's before it refuses to start
     #: (R9.2); ``None`` means a third of the TTL, the skew the design tolerates (SPEC §8).
     max_clock_offset: timedelta | None = None
+    #: Ephemeral results a node keeps for ``FlowHost.handle(id).result()``, the oldest
+    #: dropped first: a long-lived worker runs any number of them. The handle ``start``
+    #: returned holds its own result regardless.
+    ephemeral_results_kept: int = 1_000
 
     @field_validator(*_DURATIONS, mode="before")
     @classmethod
@@ -91,6 +96,7 @@ class HostSettings(BaseModel):
             "capability_threads",
             "max_resumes_without_progress",
             "timer_batch_size",
+            "ephemeral_results_kept",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
@@ -130,11 +136,8 @@ class HostSettings(BaseModel):
         try:
             return cls.model_validate(values)
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg']}"
-                for e in exc.errors()
-            )
+            found = problems(exc, root="settings", field_label=False)
             raise SettingsError(
-                f"invalid FlowX host settings ({problems}); fix the argument or the "
+                f"invalid FlowX host settings ({found}); fix the argument or the "
                 "FLOWX_* environment variable"
             ) from exc

@@ -1,0 +1,61 @@
+"""The plans a node carries, by flow id and version (R7.3).
+
+A node may carry several versions of one flow at once: an instance runs on the version it
+started on, and a start without a version takes the highest. Kept apart from the host so the
+runner, the signal path and recovery all ask one catalog whether this node can run an instance.
+"""
+
+from __future__ import annotations
+
+from flowx.errors import FlowNotFound, FlowXError
+from flowx.plan.model import Plan, SubFlowNode, walk
+
+
+class PlanCatalog:
+    """Every plan this node carries, and the highest version of each flow."""
+
+    def __init__(self) -> None:
+        self._plans: dict[tuple[str, str], Plan] = {}
+        self._latest: dict[str, Plan] = {}
+
+    def register(self, plan: Plan) -> None:
+        """Carry ``plan``, and every sub-flow it starts (a node that runs the parent must be
+        able to run its children)."""
+        if not isinstance(plan, Plan):
+            raise FlowXError(
+                f"{plan!r} is not a built plan; call .build() on the flow definition",
+                code="flow.not_a_plan",
+            )
+        self._plans[(plan.flow_id, plan.version)] = plan
+        for node in walk(plan.body):
+            if (
+                isinstance(node, SubFlowNode)
+                and node.plan is not None
+                and not self.carries(node.plan.flow_id, node.plan.version)
+            ):
+                self.register(node.plan)
+        latest = self._latest.get(plan.flow_id)
+        if latest is None or version_key(plan.version) > version_key(latest.version):
+            self._latest[plan.flow_id] = plan
+
+    def plan(self, flow: Plan | str, version: str | None = None) -> Plan:
+        """The carried plan for a flow id (and version; the highest one by default)."""
+        if isinstance(flow, Plan):
+            version, flow = flow.version, flow.flow_id
+        found = self._plans.get((flow, version)) if version else self._latest.get(flow)
+        if found is None:
+            raise FlowNotFound(flow, version, self.refs())
+        return found
+
+    def carries(self, flow_id: str, version: str) -> bool:
+        return (flow_id, version) in self._plans
+
+    def refs(self) -> list[str]:
+        """Every carried ``flow@version``, for errors and for the timer service's filter."""
+        return [p.ref for p in self._plans.values()]
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    """``1.2.3-rc+build`` as ``(1, 2, 3)``: versions compare by their numeric core."""
+    core = version.split("-")[0].split("+")[0]
+    return tuple(int(p) for p in core.split("."))

@@ -1,0 +1,107 @@
+"""The rows a start writes: a new instance, or a sub-flow's child (R3.3, R4.1).
+
+Kept apart from the runner because they are pure derivations from a plan, an input and the
+clock: the instance id from an idempotency key, the tenant, the deadline (never past a
+parent's), the state a new row starts in.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from flowx import codec
+from flowx.errors import InputInvalid, SerialisationError
+from flowx.hosting.storable import partition_of, tenant_key
+from flowx.plan.model import Plan, SubFlowNode
+from flowx.stores.records import InstanceRecord, InstanceState, NewInstance
+from flowx.validation import problems
+
+#: Instance ids from idempotency keys are derived, so two racing starts contend for one lease.
+INSTANCE_NAMESPACE = uuid.UUID("b3c1f0d2-8a4e-4f6b-9c2d-1e7a5b9f3c40")
+
+
+def instance_id_for(plan: Plan, idempotency_key: str | None) -> str:
+    """Derived from the key when there is one (racing starts meet on one id), else random."""
+    if idempotency_key is None:
+        return str(uuid.uuid4())
+    return str(uuid.uuid5(INSTANCE_NAMESPACE, f"{plan.flow_id}\x00{idempotency_key}"))
+
+
+def new_instance(
+    plan: Plan,
+    value: BaseModel,
+    input_text: str,
+    *,
+    idempotency_key: str | None,
+    correlation_id: str | None,
+    run_here: bool,
+    now: datetime,
+) -> NewInstance:
+    """The row of an instance started by a caller."""
+    return NewInstance(
+        instance_id=instance_id_for(plan, idempotency_key),
+        flow_id=plan.flow_id,
+        flow_version=plan.version,
+        input=input_text,
+        state_bag=codec.dumps(plan.state_model()),
+        state=InstanceState.RUNNING if run_here else InstanceState.PENDING,
+        tenant_id=tenant_key(plan, partition_of(plan, value)),
+        idempotency_key=idempotency_key,
+        correlation_id=correlation_id,
+        deadline_at=now + plan.deadline if plan.deadline else None,
+        codec_version=codec.CODEC_VERSION,
+    )
+
+
+def child_instance(
+    plan: Plan,
+    value: BaseModel,
+    instance_id: str,
+    *,
+    parent: InstanceRecord,
+    scope: str,
+    node: SubFlowNode,
+    running: bool,
+    now: datetime,
+) -> NewInstance:
+    """The row of a sub-flow's child: its id derived from the parent's step (so a re-executed
+    parent finds it), its tenant and correlation the parent's unless its own input says."""
+    tenant = partition_of(plan, value)
+    try:  # R9.5: refused before anything is written; the parent's sub_flow step fails
+        input_text = codec.dumps(value, root="input")
+        tenant = tenant_key(plan, tenant)
+    except SerialisationError as exc:
+        raise InputInvalid(plan.flow_id, str(exc)) from exc
+    own = now + plan.deadline if plan.deadline else None
+    return NewInstance(
+        instance_id=instance_id,
+        flow_id=plan.flow_id,
+        flow_version=plan.version,
+        input=input_text,
+        state_bag=codec.dumps(plan.state_model()),
+        state=InstanceState.RUNNING if running else InstanceState.PENDING,
+        tenant_id=parent.tenant_id if tenant is None else str(tenant),
+        correlation_id=parent.correlation_id,
+        # Never past the parent's: a parent that times out finds its child timed out too.
+        deadline_at=min((d for d in (own, parent.deadline_at) if d is not None), default=None),
+        parent_instance_id=parent.instance_id,
+        parent_scope=scope,
+        parent_step_id=node.step_id,
+        codec_version=codec.CODEC_VERSION,
+    )
+
+
+def validated_input(plan: Plan, value: Any) -> BaseModel:
+    """``value`` as the flow's input model; ``InputInvalid`` naming each bad field."""
+    if isinstance(value, plan.input_model):
+        return value
+    try:
+        if isinstance(value, str | bytes):
+            return plan.input_model.model_validate_json(value)
+        return plan.input_model.model_validate(value)
+    except ValidationError as exc:
+        raise InputInvalid(plan.flow_id, problems(exc)) from exc

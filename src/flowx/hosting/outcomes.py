@@ -1,0 +1,67 @@
+"""What follows a run on this node, whichever way the instance came to run.
+
+The engine decides an outcome; the node acts on it: arm the timer service for a wait sealed
+here, raise the alert for a compensation that ran out (SPEC §8), count a deadline, wake the
+parent of a child that ended, and — when a drain cut a run — hand the instance back
+``Pending`` (R7.2).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from flowx.engine.runner import Execution, RunResult
+from flowx.hosting.context import NodeContext
+from flowx.hosting.timers import TimerService
+from flowx.metrics import COMPENSATION_FAILED, DEADLINE_EXCEEDED
+from flowx.plan.model import Plan
+from flowx.stores.records import InstanceRecord
+
+log = logging.getLogger("flowx.host")
+
+
+async def after_run(
+    ctx: NodeContext,
+    plan: Plan,
+    record: InstanceRecord,
+    result: RunResult,
+    *,
+    timers: TimerService | None,
+    wake: Callable[[str], None] | None,
+) -> None:
+    """Arm the timer for a wait sealed here, raise the alert for a compensation that ran
+    out, and (with ``wake``) wake the parent of a child that ended."""
+    if result.outcome == "suspended" and timers is not None:
+        timers.poke()
+    elif result.outcome == "compensation_failed" and result.alert is not None:
+        COMPENSATION_FAILED.inc(plan.flow_id)
+        try:
+            await ctx.alerts.compensation_failed(result.alert)
+        except Exception:
+            log.exception(
+                "the alert sink failed for instance %s; the alert is also in the outbox "
+                "as a flowx.compensation_failed event",
+                record.instance_id,
+            )
+    elif result.outcome == "timed_out":
+        DEADLINE_EXCEEDED.inc(plan.flow_id)
+    parent = record.parent_instance_id
+    if wake is not None and result.final_state is not None and parent is not None:
+        # The child's last commit already made the parent Pending (durably); resuming it
+        # here only saves the wait for a recovery sweep. Its own task: this lease is
+        # released first.
+        wake(parent)
+
+
+async def hand_back(execution: Execution, instance_id: str, timeout: float) -> None:
+    """A run the drain cut: hand its instance back ``Pending`` (bounded; best effort — if it
+    fails, the released lease still lets recovery take it, one TTL after its last write)."""
+    try:
+        handed = await asyncio.wait_for(execution.hand_back(), timeout=timeout)
+    except Exception as exc:
+        log.warning("drain: instance %s not handed back (%s); recovery takes it", instance_id, exc)
+        return
+    if handed:
+        log.info("drain: instance %s cut mid-step and handed back Pending", instance_id)
