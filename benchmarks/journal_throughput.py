@@ -92,8 +92,7 @@ async def run_level(url: str, plan: flowx.Plan, instances: int, concurrency: int
     async with flowx.FlowHost(
         store=stores,
         flows=[plan],
-        settings=settings,  # type: ignore[arg-type]
-        recovery=False,
+        settings=settings.replace(recovery=False),  # type: ignore[arg-type]
     ) as host:
         gate = asyncio.Semaphore(concurrency)
 

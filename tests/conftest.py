@@ -9,6 +9,7 @@ import pytest
 
 import flowx
 from flowx.testing import FakeClock
+from tests.support.hosts import fold_settings
 from tests.support.servers import ServerUnavailable, ThrowawayRedis
 
 
@@ -32,7 +33,7 @@ async def host_factory(clock: FakeClock, memory_store: object) -> AsyncIterator[
         kw.setdefault("clock", clock)
         kw.setdefault("recovery", False)
         kw.setdefault("timers", False)  # tests sweep with host.timers.run_once()
-        host = flowx.FlowHost(flows=flows, **kw)  # type: ignore[arg-type]
+        host = flowx.FlowHost(flows=flows, **fold_settings(kw))  # type: ignore[arg-type]
         await host.open()
         hosts.append(host)
         return host

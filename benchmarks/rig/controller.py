@@ -302,7 +302,11 @@ class Rig:
                 skews = self.c.skews
                 await self.start_worker(skews[i % len(skews)] if skews else 0.0)
             stores = flowx.from_url(self.store_url, leases=self.leases_url)
-            host = flowx.FlowHost(store=stores, flows=[order], recovery=False, node_id="controller")
+            host = flowx.FlowHost(
+                store=stores,
+                flows=[order],
+                settings=flowx.HostSettings.load(recovery=False, node_id="controller"),
+            )
             async with host:
                 self._feed_end = time.monotonic() + self.c.flows / self.c.rate
                 feeding = asyncio.ensure_future(self.feed(host))

@@ -31,7 +31,11 @@ def start(db: str, *args: str) -> tuple[int, str, str]:
 def instances(db: str) -> list[InstanceRecord]:
     async def main() -> list[InstanceRecord]:
         path = db.removeprefix("sqlite:///")
-        async with flowx.FlowHost(store=flowx.sqlite(path), flows=FLOWS, recovery=False) as h:
+        async with flowx.FlowHost(
+            store=flowx.sqlite(path),
+            flows=FLOWS,
+            settings=flowx.HostSettings.load(recovery=False),
+        ) as h:
             assert h.store is not None
             return list(await h.store.catalog.list_instances(InstanceQuery()))
 
@@ -222,9 +226,7 @@ def test_a_bad_store_url_is_one_line_without_its_secret(url: str, says: str) -> 
     ],
     ids=["out-of-range", "not-a-number", "negative", "scheme"],
 )
-def test_a_bad_lease_store_url_is_one_line_without_its_secret(
-    db: str, url: str, says: str
-) -> None:
+def test_a_bad_lease_store_url_is_one_line_without_its_secret(db: str, url: str, says: str) -> None:
     code, _, err = start(db, "--leases", url, "--input", '{"value": 1}')
     assert code == 1
     one_line_error(err, says)
@@ -243,9 +245,7 @@ def test_a_bad_lease_store_url_is_one_line_without_its_secret(
     ],
     ids=["ipv6", "redis-db", "redis-db-range", "scheme", "empty"],
 )
-def test_a_bad_publisher_url_stops_the_worker_with_one_line(
-    db: str, url: str, says: str
-) -> None:
+def test_a_bad_publisher_url_stops_the_worker_with_one_line(db: str, url: str, says: str) -> None:
     code, _, err = flowx_("worker", "--db", db, "--flows", FLOWS_REF, "--publish", url)
     assert code == 1
     assert "Traceback" not in err and says in err and "s3cret" not in err

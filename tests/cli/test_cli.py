@@ -31,7 +31,11 @@ def start(db: str, *extra: str) -> dict[str, object]:
 
 async def run_instance(db: str, instance_id: str) -> None:
     path = db.removeprefix("sqlite:///")
-    async with flowx.FlowHost(store=flowx.sqlite(path), flows=[greeting], recovery=False) as host:
+    async with flowx.FlowHost(
+        store=flowx.sqlite(path),
+        flows=[greeting],
+        settings=flowx.HostSettings.load(recovery=False),
+    ) as host:
         assert await host.resume(instance_id) == "resumed"
         await host.wait_idle()
 

@@ -49,7 +49,11 @@ def flowx_(db: str, command: str, *args: str) -> tuple[int, str, str]:
 
 def host(db: str) -> flowx.FlowHost:
     path = db.removeprefix("sqlite:///")
-    return flowx.FlowHost(store=flowx.sqlite(path), flows=FLOWS, recovery=False, timers=False)
+    return flowx.FlowHost(
+        store=flowx.sqlite(path),
+        flows=FLOWS,
+        settings=flowx.HostSettings.load(recovery=False, timers=False),
+    )
 
 
 def run_until_rest(db: str, plan: Plan, order_id: str) -> str:

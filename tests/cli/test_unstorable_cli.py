@@ -22,7 +22,11 @@ def flowx_(db: str, *args: str) -> tuple[int, str, str]:
 
 def host(db: str) -> flowx.FlowHost:
     path = db.removeprefix("sqlite:///")
-    return flowx.FlowHost(store=flowx.sqlite(path), flows=FLOWS, recovery=False, timers=False)
+    return flowx.FlowHost(
+        store=flowx.sqlite(path),
+        flows=FLOWS,
+        settings=flowx.HostSettings.load(recovery=False, timers=False),
+    )
 
 
 def instances(db: str) -> list[InstanceRecord]:

@@ -50,7 +50,11 @@ def _effects(crash_dir: Path) -> dict[str, int]:
 
 
 async def _queue(db: str) -> str:
-    async with flowx.FlowHost(store=flowx.from_url(db), flows=[job], recovery=False) as host:
+    async with flowx.FlowHost(
+        store=flowx.from_url(db),
+        flows=[job],
+        settings=flowx.HostSettings.load(recovery=False),
+    ) as host:
         handle = await host.start(job, Job(name="victim"), run_here=False)
         return handle.instance_id
 

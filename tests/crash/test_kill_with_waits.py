@@ -148,7 +148,9 @@ class _Journal:
         # As `flowx signal` does: checked against the plan, and left Pending for the workers
         # (run_here=False), so no effect of the flow ever runs in this test's own process.
         async with flowx.FlowHost(
-            store=flowx.from_url(self.db), flows=FLOWS, recovery=False, timers=False
+            store=flowx.from_url(self.db),
+            flows=FLOWS,
+            settings=flowx.HostSettings.load(recovery=False, timers=False),
         ) as host:
             receipt = await host.signal(
                 instance_id, "go", Go(token=token), key=f"go-{instance_id}", run_here=False
@@ -163,7 +165,9 @@ async def _queue(db: str) -> dict[str, list[str]]:
     """Queue N instances of each flow, Pending, from a host that runs nothing itself."""
     ids: dict[str, list[str]] = {}
     async with flowx.FlowHost(
-        store=flowx.from_url(db), flows=FLOWS, recovery=False, timers=False
+        store=flowx.from_url(db),
+        flows=FLOWS,
+        settings=flowx.HostSettings.load(recovery=False, timers=False),
     ) as host:
         for kind, plan in (("signal", signal_flow), ("sleep", sleep_flow), ("saga", saga_flow)):
             ids[kind] = []

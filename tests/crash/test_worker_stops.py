@@ -66,7 +66,11 @@ def _stderr(crash_dir: Path) -> str:
 
 
 async def _queue(db: str, plan: flowx.Plan) -> str:
-    async with flowx.FlowHost(store=flowx.from_url(db), flows=[plan], recovery=False) as host:
+    async with flowx.FlowHost(
+        store=flowx.from_url(db),
+        flows=[plan],
+        settings=flowx.HostSettings.load(recovery=False),
+    ) as host:
         handle = await host.start(plan, Task(name="t"), run_here=False)
         return handle.instance_id
 
@@ -93,7 +97,9 @@ async def _finish_here(db: str, iid: str) -> tuple[int, flowx.InstanceState]:
     """A peer node's recovery sweep takes the instance the stopped worker left behind: at
     once, not one lease TTL (30 s here) after its last write."""
     async with flowx.FlowHost(
-        store=flowx.from_url(db), flows=[hang, leaky], recovery=False
+        store=flowx.from_url(db),
+        flows=[hang, leaky],
+        settings=flowx.HostSettings.load(recovery=False),
     ) as host:
         swept = await host.recover_once()
         await host.wait_idle(timeout=30)

@@ -283,7 +283,11 @@ async def test_the_timer_service_wakes_a_short_sleep_on_its_own(memory_store: An
         .step(chase, into="note")
         .build()
     )
-    async with flowx.FlowHost(store=memory_store, flows=[plan], recovery=False) as host:
+    async with flowx.FlowHost(
+        store=memory_store,
+        flows=[plan],
+        settings=flowx.HostSettings.load(recovery=False),
+    ) as host:
         handle = await host.start(plan, Order(order_id="s4"))
         state = await handle.result(timeout=5)
     assert state.note == "chased the carrier"

@@ -56,10 +56,13 @@ async def make_node(proxy: FaultProxy, schema: str) -> AsyncIterator[MakeNode]:
         host = flowx.FlowHost(
             store=store,
             flows=[gated_flow.FLOW],
-            node_id=name,
-            settings=flowx.HostSettings(lease_ttl=TTL, recovery_scan_interval=SCAN),
-            recovery=recovery,
-            timers=False,
+            settings=flowx.HostSettings(
+                lease_ttl=TTL,
+                recovery_scan_interval=SCAN,
+                node_id=name,
+                recovery=recovery,
+                timers=False,
+            ),
         )
         with on_node(name):  # the recovery loop, and every run it spawns, are this node's
             await host.open()

@@ -441,7 +441,9 @@ class Backend:
 
         async def go() -> list[str]:
             async with flowx.FlowHost(
-                store=self.stores(), flows=[plan], recovery=False, timers=False, node_id=node
+                store=self.stores(),
+                flows=[plan],
+                settings=flowx.HostSettings.load(recovery=False, timers=False, node_id=node),
             ) as host:
                 handles = await asyncio.gather(
                     *(host.start(plan, Job(n=i), run_here=False) for i in range(count))

@@ -116,9 +116,9 @@ async def test_redis_down_for_three_ttls_re_runs_no_finished_step(
             host = flowx.FlowHost(
                 store=flowx.with_leases(postgres(PG_DSN, schema=schema), redis_leases(redis.url)),
                 flows=[FLOW],
-                node_id=name,
-                settings=flowx.HostSettings(lease_ttl=TTL, recovery_scan_interval=SCAN),
-                timers=False,
+                settings=flowx.HostSettings(
+                    lease_ttl=TTL, recovery_scan_interval=SCAN, node_id=name, timers=False
+                ),
             )
             with on_node(name):
                 await host.open()

@@ -185,7 +185,11 @@ class Harness:
         self.path = tmp_path / "fuzz.db"
         self.loop = asyncio.new_event_loop()
         backing = flowx.sqlite(self.path) if store == "sqlite" else flowx.memory()
-        self.host = flowx.FlowHost(store=backing, flows=FLOWS, recovery=False, timers=False)
+        self.host = flowx.FlowHost(
+            store=backing,
+            flows=FLOWS,
+            settings=flowx.HostSettings.load(recovery=False, timers=False),
+        )
         self.run(self.host.__aenter__())
         self.baseline = self.run(self._finish(FuzzIn(value={"n": 1}, label="t")))
         self.before = self.run(self._snapshot())

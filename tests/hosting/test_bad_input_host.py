@@ -19,7 +19,9 @@ from tests.fuzz.support import FLOWS, FuzzIn, echo, wait
 def host(tmp_path: Path) -> AsyncIterator[flowx.FlowHost]:
     async def opened() -> flowx.FlowHost:
         h = flowx.FlowHost(
-            store=flowx.sqlite(tmp_path / "j.db"), flows=FLOWS, recovery=False, timers=False
+            store=flowx.sqlite(tmp_path / "j.db"),
+            flows=FLOWS,
+            settings=flowx.HostSettings.load(recovery=False, timers=False),
         )
         await h.__aenter__()
         return h

@@ -32,6 +32,7 @@ from tests.engine.test_unstorable_values import _reset as _reset_unstorable  # n
 from tests.engine.test_waits import *  # noqa: F403
 from tests.engine.test_waits import _reset as _reset_waits  # noqa: F401
 from tests.postgres_support import PG_DSN
+from tests.support.hosts import fold_settings
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -63,7 +64,7 @@ async def host_factory(
         kw.setdefault("clock", clock)
         kw.setdefault("recovery", False)
         kw.setdefault("timers", False)
-        host = flowx.FlowHost(flows=flows, **kw)
+        host = flowx.FlowHost(flows=flows, **fold_settings(kw))
         await host.open()
         hosts.append(host)
         return host

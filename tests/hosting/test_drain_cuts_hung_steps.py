@@ -75,7 +75,10 @@ async def test_drain_cuts_a_hung_step_and_releases_its_lease(
 ) -> None:
     plan = _plan(hung.__name__, hung)
     host = flowx.FlowHost(
-        store=memory_store, flows=[plan], clock=clock, recovery=False, timers=False
+        store=memory_store,
+        flows=[plan],
+        clock=clock,
+        settings=flowx.HostSettings.load(recovery=False, timers=False),
     )
     await host.open()
     handle = await host.start(plan, Job(job_id="j1"))

@@ -27,6 +27,7 @@ from flowx.stores.records import InstanceState, Outcome
 from flowx.testing import FakeClock
 from tests.postgres_support import PG_DSN
 from tests.support.fault_proxy import FaultProxy
+from tests.support.hosts import fold_settings
 
 T = TypeVar("T")
 
@@ -145,7 +146,7 @@ async def make_host(
         )
         kw.setdefault("recovery", False)
         kw.setdefault("settings", flowx.HostSettings(lease_ttl="30s"))
-        host = flowx.FlowHost(store=store, flows=[DURABLE, EPHEMERAL], **kw)
+        host = flowx.FlowHost(store=store, flows=[DURABLE, EPHEMERAL], **fold_settings(kw))
         hosts.append(host)
         return host
 

@@ -85,9 +85,7 @@ async def test_a_hundred_thousand_suspended_instances_cost_a_worker_nothing(
     host = flowx.FlowHost(
         store=flowx.postgres(PG_DSN, schema=schema),
         flows=[nap_flow],
-        settings=settings,
-        recovery=False,
-        timers=False,
+        settings=settings.replace(recovery=False, timers=False),
     )
     await host.open()
     try:

@@ -123,7 +123,11 @@ async def test_after_a_restart_no_token_at_or_below_the_journal_fence_is_used(
     await stores.leases.release(blind, now=datetime.now(UTC))
 
     # The host always passes the journal's fence as the floor: the token lands above it.
-    async with flowx.FlowHost(store=stores, flows=[PLAN], recovery=False) as host:
+    async with flowx.FlowHost(
+        store=stores,
+        flows=[PLAN],
+        settings=flowx.HostSettings.load(recovery=False),
+    ) as host:
         assert await host.resume(iid) == "resumed"
         await host.wait_idle(timeout=30)
         record = await host.get(iid)
@@ -139,7 +143,9 @@ async def test_a_live_lease_survives_a_restart_and_nobody_else_takes_it(
     gate["held"] = asyncio.Event()
     settings = flowx.HostSettings(lease_ttl=TTL)
     async with flowx.FlowHost(
-        store=stores, flows=[PLAN], settings=settings, recovery=False, node_id="owner"
+        store=stores,
+        flows=[PLAN],
+        settings=settings.replace(recovery=False, node_id="owner"),
     ) as owner:
         handle = await owner.start(PLAN, Order(name="held"))
         token = (await stores.leases.current(handle.instance_id)).token  # type: ignore[union-attr]

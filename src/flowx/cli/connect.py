@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from flowx.cli.exits import fail
 from flowx.errors import FlowNotCarried, FlowNotFound, FlowXError
 from flowx.hosting.host import FlowHost
+from flowx.hosting.settings import HostSettings
 from flowx.hosting.stores import from_url
 from flowx.hosting.worker import load_flows
 from flowx.plan.model import Plan
@@ -41,7 +42,11 @@ def plans_or_fail(flows: tuple[str, ...]) -> list[Plan]:
 def command_host(stores: Stores, plans: list[Plan]) -> FlowHost:
     """A host for one command: no recovery scan and no timers, so it runs nothing it was not
     asked to; on exit it drains and hands back whatever it holds."""
-    return FlowHost(store=stores, flows=plans, recovery=False, timers=False)
+    return FlowHost(
+        store=stores,
+        flows=plans,
+        settings=HostSettings.load(recovery=False, timers=False),
+    )
 
 
 def not_carried(exc: FlowNotFound, flows: tuple[str, ...], plans: list[Plan]) -> FlowNotCarried:

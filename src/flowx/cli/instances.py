@@ -23,6 +23,7 @@ from flowx.cli.render import (
 from flowx.engine.waiting import waiting_for
 from flowx.errors import FlowXError, InputUnstorable, InstanceNotFound, SerialisationError
 from flowx.hosting.host import FlowHost
+from flowx.hosting.settings import HostSettings
 from flowx.hosting.stores import from_url
 from flowx.hosting.worker import load_flows
 from flowx.plan.model import Plan
@@ -90,7 +91,11 @@ def start(
 
     async def main() -> tuple[str, bool]:
         stores = from_url(db, leases=leases)
-        host = FlowHost(store=stores, flows=load_flows(flows), recovery=False)
+        host = FlowHost(
+            store=stores,
+            flows=load_flows(flows),
+            settings=HostSettings.load(recovery=False),
+        )
         plan = host.plan(flow_id, version)
         _refuse_unstartable(plan, value)
         try:

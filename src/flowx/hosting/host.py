@@ -72,16 +72,13 @@ class FlowHost:
         store: Stores | None = None,
         flows: Iterable[Plan] = (),
         settings: HostSettings | None = None,
-        node_id: str | None = None,
         clock: Clock | None = None,
         registry: CapabilityRegistry | None = None,
-        recovery: bool = True,
         publisher: EventPublisher | None = None,
-        outbox_batch_size: int = 500,
         alerts: AlertSink | None = None,
-        timers: bool = True,
     ) -> None:
         settings = settings if settings is not None else HostSettings.load()
+        node_id = settings.node_id
         if node_id and name_problem(node_id) is not None:  # "" or None: a generated id
             # It goes into lease rows and every log line: no forged lines, no driver errors.
             raise SettingsError(f"node_id {shown(node_id)} {name_problem(node_id)}")
@@ -104,13 +101,17 @@ class FlowHost:
             plans=plans,
             alerts=alerts if alerts is not None else LoggingAlertSink(),
             outbox=(
-                OutboxPublisher(store.outbox, publisher, batch_size=outbox_batch_size, clock=clock)
+                OutboxPublisher(
+                    store.outbox, publisher, batch_size=settings.outbox_batch_size, clock=clock
+                )
                 if publisher is not None and store is not None
                 else None
             ),
         )
         self._runner = InstanceRunner(ctx)
-        self._services = NodeServices(ctx, self._runner, run_recovery=recovery, run_timers=timers)
+        self._services = NodeServices(
+            ctx, self._runner, run_recovery=settings.recovery, run_timers=settings.timers
+        )
 
     # -- what the node is made of (read-only views of its parts) ---------------------------
 

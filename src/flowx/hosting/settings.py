@@ -60,6 +60,15 @@ class HostSettings(BaseModel):
     #: dropped first: a long-lived worker runs any number of them. The handle ``start``
     #: returned holds its own result regardless.
     ephemeral_results_kept: int = 1_000
+    #: This node's name in lease rows and log lines; ``None``: host:pid:random.
+    node_id: str | None = None
+    #: Whether this node sweeps for instances a dead node left (R3.3). A node that only
+    #: starts flows (a web front end, a CLI command) may leave recovery to the workers.
+    recovery: bool = True
+    #: Whether this node wakes instances whose sleep or signal timeout is due.
+    timers: bool = True
+    #: Outbox events claimed per publish round when the host runs a publisher (R5.2).
+    outbox_batch_size: int = 500
 
     @field_validator(*_DURATIONS, mode="before")
     @classmethod
@@ -97,6 +106,7 @@ class HostSettings(BaseModel):
             "max_resumes_without_progress",
             "timer_batch_size",
             "ephemeral_results_kept",
+            "outbox_batch_size",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
@@ -120,6 +130,15 @@ class HostSettings(BaseModel):
         so an fsync of TTL/5 makes every write take 0.4 TTL (measured), and a deadline of
         TTL/3 would cut every write of a healthy, merely slow journal."""
         return self.lease_ttl.total_seconds() / 2
+
+    def replace(self, **changes: Any) -> HostSettings:
+        """These settings with ``changes`` applied, validated again as a whole (unlike
+        ``model_copy``, which would let an incoherent combination through)."""
+        try:
+            return type(self).model_validate({**self.model_dump(), **changes})
+        except ValidationError as exc:
+            found = problems(exc, root="settings", field_label=False)
+            raise SettingsError(f"invalid FlowX host settings ({found})") from exc
 
     @classmethod
     def load(cls, **overrides: Any) -> HostSettings:

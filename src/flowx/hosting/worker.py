@@ -137,8 +137,7 @@ async def serve(
     host = FlowHost(
         store=from_url(store_url, leases=leases_url),
         flows=plans,
-        settings=settings,
-        node_id=node_id,
+        settings=settings if node_id is None else settings.replace(node_id=node_id),
         publisher=publisher,
     )
     stop = asyncio.Event()
