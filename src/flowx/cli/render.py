@@ -20,8 +20,8 @@ from typing import Any
 import click
 
 from flowx import codec
+from flowx.engine.replay_plan import ReplayPlan
 from flowx.engine.waiting import Waiting, WaitKind
-from flowx.hosting.replay import ReplayPlan
 from flowx.stores.records import EventRecord, InstanceRecord, SignalReceipt, StepRecord
 
 # -- primitives -------------------------------------------------------------------------------

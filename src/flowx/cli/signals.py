@@ -13,13 +13,13 @@ from flowx.cli.connect import command_host, not_carried, plans_or_fail
 from flowx.cli.exits import EXIT_ERROR, fail, is_a, run
 from flowx.cli.render import emit_json, receipt_dict, receipt_text, replay_dict, replay_text
 from flowx.cli.render import payload as decoded
+from flowx.engine.replay_plan import ReplayPlan
 from flowx.errors import (
     FlowNotFound,
     FlowXError,
     SignalPayloadInvalid,
 )
 from flowx.hosting.host import FlowHost
-from flowx.hosting.replay import ReplayPlan
 from flowx.hosting.storable import signal_payload
 from flowx.hosting.stores import from_url
 from flowx.stores.records import InstanceRecord, InstanceState, SignalReceipt

@@ -1,10 +1,10 @@
 """Hosting: the node that wires stores into the engine, leases, recovery, timers, workers."""
 
+from flowx.engine.replay_plan import ReplayPlan
 from flowx.hosting.alerts import AlertSink, LoggingAlertSink, RecordingAlertSink
 from flowx.hosting.host import FlowHandle, FlowHost
 from flowx.hosting.lease import DurableLease
 from flowx.hosting.recovery import RecoveryScanResult, RecoveryService
-from flowx.hosting.replay import ReplayPlan
 from flowx.hosting.settings import HostSettings
 from flowx.hosting.stores import from_url, memory, postgres, redis_leases, sqlite, with_leases
 from flowx.hosting.timers import TimerService, TimerSweep

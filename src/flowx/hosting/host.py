@@ -25,6 +25,7 @@ from pydantic import BaseModel
 from flowx.capability import CapabilityRegistry, default_registry
 from flowx.clock import Clock, SystemClock
 from flowx.engine import admission
+from flowx.engine.replay_plan import ReplayPlan, plan_replay
 from flowx.engine.runner import RunResult
 from flowx.errors import (
     FlowXError,
@@ -41,7 +42,6 @@ from flowx.hosting.handle import FlowHandle
 from flowx.hosting.instance_runner import InstanceRunner
 from flowx.hosting.lease import LeaseKeeper
 from flowx.hosting.recovery import RecoveryScanResult, RecoveryService, ResumeVerdict
-from flowx.hosting.replay import ReplayPlan, plan_replay
 from flowx.hosting.services import NodeServices
 from flowx.hosting.settings import HostSettings
 from flowx.hosting.storable import signal_payload, start_input, storable_id
