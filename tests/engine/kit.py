@@ -22,6 +22,8 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any, ClassVar, Protocol, TypeVar
 
 import pytest
@@ -175,3 +177,36 @@ async def until_state(
     what = f"{iid} {state.value}" + (" and idle" if idle else "")
     await until(settled, within=timeout, what=what, every=0.01)
     return seen[-1]
+
+
+#: When the hand-built rows below were written (tests that need no clock).
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def instance_row(plan: flowx.Plan, state: InstanceState, **fields: Any) -> InstanceRecord:
+    """An instance row as a store would return it, for tests of pure engine functions that
+    read rows (admission, waiting): every column at its fresh-start value but ``fields``."""
+    row = InstanceRecord(
+        instance_id="i1",
+        flow_id=plan.flow_id,
+        flow_version=plan.version,
+        state=state,
+        fence=1,
+        next_sequence=1,
+        input="{}",
+        state_bag="{}",
+        state_bag_sequence=None,
+        error=None,
+        tenant_id=None,
+        idempotency_key=None,
+        correlation_id=None,
+        deadline_at=None,
+        parent_instance_id=None,
+        parent_scope=None,
+        parent_step_id=None,
+        resume_count=0,
+        codec_version=1,
+        created_at=T0,
+        updated_at=T0,
+    )
+    return replace(row, **fields)

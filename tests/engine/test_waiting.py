@@ -4,7 +4,7 @@ its plan or, without the plan, from a journaled row of the wait step."""
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import UTC, datetime
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -12,8 +12,7 @@ import flowx
 from flowx.engine.waiting import WaitKind, waiting_for
 from flowx.plan.model import walk
 from flowx.stores.records import CHILD_WAIT, InstanceRecord, InstanceState, Outcome, StepRecord
-
-T0 = datetime(2026, 1, 1, tzinfo=UTC)
+from tests.engine.kit import T0, instance_row
 
 
 class Parcel(BaseModel):
@@ -38,31 +37,8 @@ PLAN = (
 WAIT_STEP = next(n.step_id for n in walk(PLAN.body) if n.name != "pack")
 
 
-def suspended(**wake: object) -> InstanceRecord:
-    row = InstanceRecord(
-        instance_id="i1",
-        flow_id=PLAN.flow_id,
-        flow_version=PLAN.version,
-        state=InstanceState.SUSPENDED,
-        fence=1,
-        next_sequence=2,
-        input="{}",
-        state_bag="{}",
-        state_bag_sequence=None,
-        error=None,
-        tenant_id=None,
-        idempotency_key=None,
-        correlation_id=None,
-        deadline_at=None,
-        parent_instance_id=None,
-        parent_scope=None,
-        parent_step_id=None,
-        resume_count=0,
-        codec_version=1,
-        created_at=T0,
-        updated_at=T0,
-    )
-    return replace(row, **wake)  # type: ignore[arg-type]
+def suspended(**wake: Any) -> InstanceRecord:
+    return instance_row(PLAN, InstanceState.SUSPENDED, next_sequence=2, **wake)
 
 
 def step_row(step_id: int, name: str) -> StepRecord:

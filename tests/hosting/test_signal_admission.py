@@ -16,6 +16,7 @@ from flowx import codec
 from flowx.engine import admission
 from flowx.plan.model import AwaitSignalNode, walk
 from flowx.stores.records import InstanceRecord, InstanceState, Outcome, StepRecord
+from tests.engine.kit import instance_row
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -40,30 +41,7 @@ def _plan(looped: bool = False) -> flowx.Plan:
 
 
 def _record(state: InstanceState, **kw: Any) -> InstanceRecord:
-    return InstanceRecord(
-        instance_id="i-1",
-        flow_id="adm.ship",
-        flow_version="1",
-        state=state,
-        fence=1,
-        next_sequence=1,
-        input="{}",
-        state_bag="{}",
-        state_bag_sequence=None,
-        error=None,
-        tenant_id=None,
-        idempotency_key=None,
-        correlation_id=None,
-        deadline_at=None,
-        parent_instance_id=None,
-        parent_scope=None,
-        parent_step_id=None,
-        resume_count=0,
-        codec_version=1,
-        created_at=NOW,
-        updated_at=NOW,
-        **kw,
-    )
+    return instance_row(_plan(), state, instance_id="i-1", **kw)
 
 
 def _ended(plan: flowx.Plan, result: dict[str, Any]) -> StepRecord:
