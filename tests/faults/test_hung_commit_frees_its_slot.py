@@ -17,6 +17,7 @@ import pytest
 from flowx.stores.errors import JournalNoAnswer
 from flowx.stores.postgres import PostgresStores
 from flowx.stores.postgres.commit import GroupCommitter
+from flowx.stores.postgres.database import SessionLimits
 from flowx.stores.records import Outcome, StepCommit
 from flowx.testing.conformance._support import at, instance, step
 from tests.faults.support import executes, proxy_to_postgres, via
@@ -31,7 +32,8 @@ async def proxy() -> AsyncIterator[FaultProxy]:
 
 
 async def _stores(proxy: FaultProxy, schema: str, deadline: float) -> PostgresStores:
-    stores = PostgresStores(via(proxy), schema=schema, min_size=1, max_size=6, connect_timeout=2)
+    limits = SessionLimits(connect_timeout=2)
+    stores = PostgresStores(via(proxy), schema=schema, min_size=1, max_size=6, limits=limits)
     stores.db.round_trip_timeout = deadline
     await stores.open()
     return stores
