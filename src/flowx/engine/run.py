@@ -34,9 +34,11 @@ from flowx.stores.records import EventWrite, InstanceState, Outcome, StepRecord,
 #: Event ids are derived (emits, alerts), so one re-staged after a crash keeps its id.
 EVENT_NAMESPACE = uuid.UUID("6f1c3b8e-2b0a-4c57-9d3e-4e1f0c9a7d21")
 
-#: Walks a sequence of nodes in a scope (the dispatcher, owned by ``Execution``): node kinds
-#: with bodies (for_each, fork, a signal's timeout path) recurse through it.
-Walk = Callable[[tuple[Node, ...], str, Any, bool], Coroutine[Any, Any, Any]]
+#: Walks a sequence of nodes in a scope (the dispatcher, a module function of the runner):
+#: node kinds with bodies (for_each, fork, a signal's timeout path) recurse through it. A plain
+#: function taking the run, never a bound method: a run holding its ``Execution`` would be a
+#: reference cycle, freed only by the cyclic GC, on every instance of the hot path.
+Walk = Callable[["Run", tuple[Node, ...], str, Any, bool], Coroutine[Any, Any, Any]]
 
 
 class Versioned(Protocol):
@@ -67,7 +69,7 @@ class Run:
         self.waits = ports.waits
         self.should_yield = ports.should_yield
         self._ports = ports
-        self.walk = walk
+        self._walk = walk
         self.state: BaseModel = plan.state_model()
         self.executed = 0
         self.replayed = 0
@@ -101,6 +103,10 @@ class Run:
         )
 
     # -- writing -------------------------------------------------------------------------
+
+    async def walk(self, nodes: tuple[Node, ...], scope: str, item: Any, has_item: bool) -> Any:
+        """Run ``nodes`` in ``scope`` through the runner's dispatcher."""
+        return await self._walk(self, nodes, scope, item, has_item)
 
     async def write(
         self,

@@ -108,13 +108,13 @@ class Execution:
     def __init__(self, spec: RunSpec, ports: RunPorts) -> None:
         self.plan = spec.plan
         self.instance_id = spec.instance_id
-        self._run = Run(spec, ports, self._nodes)
+        self._run = Run(spec, ports, _walk)
 
     async def run(self) -> RunResult:
         """Run to the end, to a wait, or until this node loses the right to write."""
         try:
             try:
-                await self._nodes(self.plan.body, "", None, False)
+                await _walk(self._run, self.plan.body, "", None, False)
             except Halt as halt:
                 if halt.kind not in ENDING:
                     raise
@@ -235,31 +235,31 @@ class Execution:
         await run.transition(final, error=error)
         return self._result(outcome, error=error)
 
-    async def _nodes(self, nodes: tuple[Node, ...], scope: str, item: Any, has_item: bool) -> Any:
-        """Walk ``nodes`` in ``scope``; ``item`` is the for_each element, if ``has_item``."""
-        run = self._run
-        last: Any = None
-        for node in nodes:
-            if run.halted:
-                raise Halt.halted()
-            if isinstance(node, StepNode):
-                last = await steps.step(run, node, scope, item, has_item)
-            elif isinstance(node, EmitNode):
-                last = await steps.emit(run, node, scope, item, has_item)
-            elif isinstance(node, ForEachNode):
-                last = await steps.for_each(run, node, scope, item, has_item)
-            elif isinstance(node, ForkNode):
-                last = await steps.fork(run, node, scope, item, has_item)
-            elif isinstance(node, AwaitSignalNode):
-                last = await waits.await_signal(run, node, scope, item, has_item)
-            elif isinstance(node, SleepNode):
-                last = await waits.sleep(run, node, scope)
-            elif isinstance(node, SubFlowNode):
-                last = await children.sub_flow(run, node, scope, item, has_item)
-            else:  # pragma: no cover - every node kind the builder makes is handled above
-                raise FlowXError(
-                    f"{node.kind} {node.name!r} is declared in {self.plan.ref}, but this "
-                    "release of FlowX does not execute it",
-                    code="flow.construct_not_supported",
-                )
-        return last
+
+async def _walk(run: Run, nodes: tuple[Node, ...], scope: str, item: Any, has_item: bool) -> Any:
+    """Walk ``nodes`` in ``scope``; ``item`` is the for_each element, if ``has_item``."""
+    last: Any = None
+    for node in nodes:
+        if run.halted:
+            raise Halt.halted()
+        if isinstance(node, StepNode):
+            last = await steps.step(run, node, scope, item, has_item)
+        elif isinstance(node, EmitNode):
+            last = await steps.emit(run, node, scope, item, has_item)
+        elif isinstance(node, ForEachNode):
+            last = await steps.for_each(run, node, scope, item, has_item)
+        elif isinstance(node, ForkNode):
+            last = await steps.fork(run, node, scope, item, has_item)
+        elif isinstance(node, AwaitSignalNode):
+            last = await waits.await_signal(run, node, scope, item, has_item)
+        elif isinstance(node, SleepNode):
+            last = await waits.sleep(run, node, scope)
+        elif isinstance(node, SubFlowNode):
+            last = await children.sub_flow(run, node, scope, item, has_item)
+        else:  # pragma: no cover - every node kind the builder makes is handled above
+            raise FlowXError(
+                f"{node.kind} {node.name!r} is declared in {run.plan.ref}, but this "
+                "release of FlowX does not execute it",
+                code="flow.construct_not_supported",
+            )
+    return last
