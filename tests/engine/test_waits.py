@@ -141,10 +141,10 @@ async def test_bad_signals_are_clear_errors_and_keep_nothing(host_factory: Any) 
     await until_state(host, handle.instance_id, InstanceState.SUSPENDED)
     with pytest.raises(flowx.InstanceNotFound):
         await host.signal("5b0c1d7e-0000-4000-8000-000000000000", "shipped", {})
-    with pytest.raises(flowx.FlowXError) as unknown:
+    with pytest.raises(flowx.SignalUnknown) as unknown:
         await host.signal(handle.instance_id, "delivered", {"carrier": "a", "tracking": "b"})
     assert unknown.value.code == "signal.unknown" and "shipped" in str(unknown.value)
-    with pytest.raises(flowx.FlowXError) as wrong:
+    with pytest.raises(flowx.SignalPayloadInvalid) as wrong:
         await host.signal(handle.instance_id, "shipped", {"carrier": "a"})
     assert wrong.value.code == "signal.payload_invalid" and "tracking" in str(wrong.value)
     assert list(await host.store.waits.signals(handle.instance_id, "shipped")) == []

@@ -14,6 +14,7 @@ from pydantic import BaseModel
 import flowx
 from flowx import codec
 from flowx.engine import admission
+from flowx.errors import SignalPayloadInvalid, SignalUnknown
 from flowx.plan.model import AwaitSignalNode, walk
 from flowx.stores.records import InstanceRecord, InstanceState, Outcome, StepRecord
 from tests.engine.kit import instance_row
@@ -64,16 +65,16 @@ def _ended(plan: flowx.Plan, result: dict[str, Any]) -> StepRecord:
 
 
 def test_a_name_the_flow_never_waits_for_is_refused_with_the_names_it_does() -> None:
-    with pytest.raises(flowx.FlowXError, match="it waits for: shipped") as caught:
+    with pytest.raises(SignalUnknown, match="it waits for: shipped") as caught:
         admission.target(_plan(), "shiped")
-    assert caught.value.code == "signal.unknown"
+    assert caught.value.code == "signal.unknown"  # the class, and the code scripts branch on
 
 
 def test_a_payload_is_parsed_as_the_awaited_type_or_refused_by_field() -> None:
     target = admission.target(_plan(), "shipped")
     assert target.parse({"tracking": "t-1"}) == Shipment(tracking="t-1")
     assert target.parse('{"tracking": "t-2"}') == Shipment(tracking="t-2")
-    with pytest.raises(flowx.FlowXError, match="field 'tracking'") as caught:
+    with pytest.raises(SignalPayloadInvalid, match="field 'tracking'") as caught:
         target.parse({})
     assert caught.value.code == "signal.payload_invalid"
 

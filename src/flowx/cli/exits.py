@@ -34,8 +34,6 @@ from flowx.errors import (
     IllegalState,
     InstanceNotFound,
     RequestInvalid,
-    SignalPayloadInvalid,
-    SignalUnknown,
 )
 from flowx.stores.errors import InstanceFinished, UnknownInstance
 
@@ -62,32 +60,11 @@ EXIT_CODES: Final[Mapping[type[FlowXError], int]] = {
     RequestInvalid: EXIT_USAGE,
 }
 
-#: Fallback for the raise sites that still raise a bare ``FlowXError`` with one of these codes
-#: instead of the class: the signal admission (``signal.unknown``, ``signal.payload_invalid``)
-#: and the replay re-arm (``instance.illegal_state``) in ``hosting/host.py``, which is being
-#: restructured separately. Such an error counts as the class its code names. The table can go
-#: once those sites raise the classes; an error raised as a class never consults it.
-_CLASS_OF_BARE_CODE: Final[Mapping[str, type[FlowXError]]] = {
-    cls.code: cls for cls in (IllegalState, SignalUnknown, SignalPayloadInvalid)
-}
-
-
-def kind(exc: FlowXError) -> type[FlowXError]:
-    """The class ``exc`` counts as: its own, or for a bare error the one its code names."""
-    if type(exc) is FlowXError:
-        return _CLASS_OF_BARE_CODE.get(exc.code, type(exc))
-    return type(exc)
-
-
-def is_a(exc: FlowXError, cls: type[FlowXError]) -> bool:
-    """``isinstance(exc, cls)``, counting a bare error as the class its code names."""
-    return issubclass(kind(exc), cls)
-
 
 def exit_code(exc: FlowXError) -> int:
     """The exit code for a FlowX error: 3 when something named does not exist, 4 when the
     instance is in the wrong state, 2 when the request itself is malformed, else 1."""
-    for cls in kind(exc).__mro__:
+    for cls in type(exc).__mro__:
         code = EXIT_CODES.get(cls)
         if code is not None:
             return code

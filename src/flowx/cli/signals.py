@@ -10,7 +10,7 @@ import click
 from flowx.cli import inputs
 from flowx.cli.app import db_option, flows_option, leases_option, output_option
 from flowx.cli.connect import command_host, not_carried, plans_or_fail
-from flowx.cli.exits import EXIT_ERROR, fail, is_a, run
+from flowx.cli.exits import EXIT_ERROR, fail, run
 from flowx.cli.render import emit_json, receipt_dict, receipt_text, replay_dict, replay_text
 from flowx.cli.render import payload as decoded
 from flowx.engine.replay_plan import ReplayPlan
@@ -87,7 +87,7 @@ def signal(
                 except FlowNotFound as exc:
                     raise not_carried(exc, flows, plans) from exc
                 except FlowXError as exc:
-                    if not is_a(exc, SignalPayloadInvalid):
+                    if not isinstance(exc, SignalPayloadInvalid):
                         raise
                     raise await _why_invalid(host, exc, instance_id, name, value) from exc
         finally:

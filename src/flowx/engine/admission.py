@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from flowx import codec
-from flowx.errors import FlowXError
+from flowx.errors import SignalPayloadInvalid, SignalUnknown
 from flowx.plan.model import AwaitSignalNode, ForEachNode, Plan, walk
 from flowx.stores.records import InstanceRecord, InstanceState, Outcome, SignalReceipt, StepRecord
 from flowx.validation import problems
@@ -38,18 +38,17 @@ class SignalTarget:
 
     def parse(self, payload: Any) -> Any:
         """``payload`` as the awaited type: a value or a dict of its fields, or JSON text when
-        it is ``str``/``bytes`` (what ``flowx signal --payload`` sends). Raises ``FlowXError``
-        with code ``signal.payload_invalid`` naming each bad field."""
+        it is ``str``/``bytes`` (what ``flowx signal --payload`` sends). Raises
+        ``SignalPayloadInvalid`` naming each bad field."""
         payload_type = self.waits[0].payload_type
         try:
             if isinstance(payload, str | bytes):
                 return TypeAdapter(payload_type).validate_json(payload)
             return TypeAdapter(payload_type).validate_python(payload)
         except ValidationError as exc:
-            raise FlowXError(
+            raise SignalPayloadInvalid(
                 f"signal {self.name!r} for {self.plan.ref} must be a {payload_type!r}: "
-                f"{problems(exc)}",
-                code="signal.payload_invalid",
+                f"{problems(exc)}"
             ) from exc
 
 
@@ -60,10 +59,9 @@ def target(plan: Plan, name: str) -> SignalTarget:
     matching = tuple(n for n in waits if n.signal == name)
     if not matching:
         known = ", ".join(sorted({n.signal for n in waits})) or "none"
-        raise FlowXError(
+        raise SignalUnknown(
             f"{plan.ref} never waits for a signal named {name!r} (it waits for: {known}); "
-            "check the name",
-            code="signal.unknown",
+            "check the name"
         )
     looped = {
         n.step_id

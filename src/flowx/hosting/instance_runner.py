@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from flowx.engine.runner import Execution, RunPorts, RunResult, RunSpec
-from flowx.errors import FlowXError, NonDeterminismError, NonRetryableError
+from flowx.errors import FlowXError, IllegalState, NonDeterminismError, NonRetryableError
 from flowx.hosting.context import NodeContext
 from flowx.hosting.creation import child_instance
 from flowx.hosting.lease import DurableLease
@@ -246,9 +246,8 @@ class InstanceRunner:
         durable, current = claimed
         try:
             if current.instance.state is not record.state:
-                raise FlowXError(
-                    f"instance {instance_id} moved to {current.instance.state.value} meanwhile",
-                    code="instance.illegal_state",
+                raise IllegalState(
+                    f"instance {instance_id} moved to {current.instance.state.value} meanwhile"
                 )
             await stores.waits.rearm(
                 instance_id, token=durable.token, now=self._ctx.clock.now(), from_step=from_step
