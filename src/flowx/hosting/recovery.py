@@ -75,6 +75,14 @@ class RecoveryScanResult:
     full: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class _QueuedPass:
+    counts: dict[str, int]
+    page: int
+    #: Every free flow slot was used (or none was free).
+    full: bool
+
+
 class RecoveryService:
     """One node's half of crash recovery."""
 
@@ -99,10 +107,16 @@ class RecoveryService:
         self._lease_expiry = lease_expiry
         self._rng = rng or random.Random()
         self._slot_freed = asyncio.Event()
+        self._poked = asyncio.Event()
 
     def slot_freed(self) -> None:
         """Called by the host when a recovered or queued instance stops running here."""
         self._slot_freed.set()
+
+    def poke(self) -> None:
+        """Another process made an instance runnable (``WorkWakeups``): take queued work now
+        rather than at the next sweep. The regular sweep keeps its schedule."""
+        self._poked.set()
 
     @property
     def lookahead(self) -> timedelta:
@@ -147,31 +161,43 @@ class RecoveryService:
                 for expires in expiries:
                     if expires is not None and expires > now:
                         wake = expires if wake is None else min(wake, expires)
-        queued_taken = 0
-        queued_page = 0
-        room = self._queued_room()
-        queued_full = room <= 0
-        if room > 0:
-            page = [
-                c for c in await self._index.find_queued(limit=room) if c.instance_id not in taken
-            ]
-            verdicts = await self._take(page, queued=True)
-            for verdict in verdicts:
-                counts[verdict] += 1
-            queued_taken = sum(v == "resumed" for v in verdicts)
-            queued_page = len(page)
-            queued_full = queued_page >= room
+        queued = await self._queued(taken)
+        for kind, n in queued.counts.items():
+            counts[kind] += n
         return RecoveryScanResult(
-            found=len(due) + queued_page,
+            found=len(due) + queued.page,
             resumed=counts["resumed"],
             lost_race=counts["lost_race"] + counts["gone"],
             not_runnable=counts["not_runnable"],
             skipped_busy=free <= 0,
-            queued=queued_taken,
+            queued=queued.counts["resumed"],
             upcoming=upcoming,
             wake_at=wake,
-            full=free <= 0 or len(due) >= free or queued_full,
+            full=free <= 0 or len(due) >= free or queued.full,
         )
+
+    async def run_queued(self) -> RecoveryScanResult:
+        """Only the queued half of a sweep: what a wake-up (``poke``) asks for. It reads no
+        abandoned rows, so it costs one indexed read when a slot is free and none when not."""
+        queued = await self._queued(set())
+        return RecoveryScanResult(
+            found=queued.page,
+            resumed=queued.counts["resumed"],
+            lost_race=queued.counts["lost_race"] + queued.counts["gone"],
+            not_runnable=queued.counts["not_runnable"],
+            queued=queued.counts["resumed"],
+            full=queued.full,
+        )
+
+    async def _queued(self, taken: set[str]) -> _QueuedPass:
+        counts = {"resumed": 0, "lost_race": 0, "not_runnable": 0, "gone": 0}
+        room = self._queued_room()
+        if room <= 0:
+            return _QueuedPass(counts=counts, page=0, full=True)
+        page = [c for c in await self._index.find_queued(limit=room) if c.instance_id not in taken]
+        for verdict in await self._take(page, queued=True):
+            counts[verdict] += 1
+        return _QueuedPass(counts=counts, page=len(page), full=len(page) >= room)
 
     def _queued_room(self) -> int:
         batch = self._settings.recovery_scan_batch_size
@@ -217,24 +243,39 @@ class RecoveryService:
         return delay
 
     async def run_forever(self, stop: asyncio.Event) -> None:
+        loop = asyncio.get_running_loop()
         # Start at a random point of the first interval, not in step with the rest of a fleet.
-        delay = self._rng.uniform(0, self.next_delay())
-        result: RecoveryScanResult | None = None
+        sweep_at = loop.time() + self._rng.uniform(0, self.next_delay())
+        full = False
         while not stop.is_set():
             self._slot_freed.clear()
-            waits = [asyncio.ensure_future(stop.wait())]
-            if result is not None and result.full:
+            waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._poked.wait())]
+            if full:
                 waits.append(asyncio.ensure_future(self._slot_freed.wait()))
             try:
-                await asyncio.wait(waits, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait(
+                    waits,
+                    timeout=max(sweep_at - loop.time(), 0.0),
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
             finally:
                 for w in waits:
                     w.cancel()
             if stop.is_set():
                 return
-            if self._slot_freed.is_set():
+            if full and self._slot_freed.is_set():
                 # Let a few more finish, so a busy node sweeps a few times a second at most.
                 await asyncio.sleep(_MIN_EARLY)
+            elif self._poked.is_set() and loop.time() < sweep_at:
+                # A wake-up between sweeps: the queued half only, on the sweep's schedule.
+                self._poked.clear()
+                try:
+                    full = (await self.run_queued()).full
+                except FlowXError as exc:
+                    log.warning("taking queued work failed (%s); next scan as scheduled", exc)
+                continue
+            self._poked.clear()
+            result: RecoveryScanResult | None
             try:
                 result = await self.run_once()
                 if result.resumed:
@@ -242,4 +283,5 @@ class RecoveryService:
             except FlowXError as exc:
                 result = None
                 log.warning("recovery scan failed (%s); next scan as scheduled", exc)
-            delay = self._delay_after(result)
+            full = result is not None and result.full
+            sweep_at = loop.time() + self._delay_after(result)

@@ -22,7 +22,7 @@ from flowx.hosting.instance_runner import InstanceRunner
 from flowx.hosting.recovery import RecoveryService
 from flowx.hosting.timers import TimerService
 from flowx.stores.errors import JournalUnavailable, LeaseUnavailable
-from flowx.stores.protocols import RoundTripBound, Stores
+from flowx.stores.protocols import RoundTripBound, Stores, WorkWakeups
 
 log = logging.getLogger("flowx.host")
 #: Seconds between two measurements of this node's clock offset to its stores (R9.2).
@@ -71,6 +71,7 @@ class NodeServices:
         self.connected = asyncio.Event()
         self._recovery_task: asyncio.Task[None] | None = None
         self._timer_task: asyncio.Task[None] | None = None
+        self._wake_task: asyncio.Task[None] | None = None
         self._clock_task: asyncio.Task[None] | None = None
         self._connector: asyncio.Task[None] | None = None
         self._outbox_task: asyncio.Task[None] | None = None
@@ -127,7 +128,28 @@ class NodeServices:
             self._timer_task = loop.create_task(
                 self.timers.run_forever(self.stop), name="flowx-timers"
             )
+        wanted = ctx.settings.wakeups and (self._run_recovery or self._run_timers)
+        if wanted and isinstance(store, WorkWakeups):
+            self._wake_task = loop.create_task(self._wake_on_work(store), name="flowx-wakeups")
         await self._start_outbox()
+
+    async def _wake_on_work(self, store: WorkWakeups) -> None:
+        """Wake-ups, not sweeps: when another process makes an instance runnable (a start, a
+        signal, a child's end, a hand-back), take it now. The sweeps stay the safety net."""
+        while not self.stop.is_set():
+            try:
+                woke = await store.wait_work(1.0)
+            except Exception as exc:  # a store outage: the sweeps carry on without us
+                log.debug("wake-ups unavailable (%s); retrying", exc)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stop.wait(), timeout=1.0)
+                continue
+            if not woke:
+                continue
+            if self._run_recovery and self.recovery is not None:
+                self.recovery.poke()
+            if self._run_timers and self.timers is not None:
+                self.timers.poke()
 
     async def _start_outbox(self) -> None:
         outbox = self._ctx.outbox
@@ -236,6 +258,11 @@ class NodeServices:
         cancelled between its lease and its first step would hold an instance for a whole
         TTL. The timer service stops before the instances drain too: a wake now would only
         be handed back. ``budget`` is read per service (the drain's remaining time)."""
+        if self._wake_task is not None:
+            self._wake_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._wake_task
+            self._wake_task = None
         await stop_service(self._recovery_task, budget, "the recovery scan")
         self._recovery_task = None
 

@@ -67,6 +67,11 @@ class HostSettings(BaseModel):
     recovery: bool = True
     #: Whether this node wakes instances whose sleep or signal timeout is due.
     timers: bool = True
+    #: Whether an idle worker is told at once when another process makes an instance
+    #: runnable (a start, a signal, a child's end, a hand-back): PostgreSQL LISTEN/NOTIFY,
+    #: SQLite ``data_version``. Off, such work waits for the next sweep. Turn it off behind a
+    #: pooler that cannot LISTEN (PgBouncer in transaction mode).
+    wakeups: bool = True
     #: Outbox events claimed per publish round when the host runs a publisher (R5.2).
     outbox_batch_size: int = 500
 

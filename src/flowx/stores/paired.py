@@ -9,6 +9,7 @@ never a write past a fence. Because the two are separate, the pair does not offe
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime
 from typing import Protocol
 
@@ -23,6 +24,7 @@ from flowx.stores.protocols import (
     StoreClock,
     Stores,
     WaitStore,
+    WorkWakeups,
 )
 
 
@@ -103,6 +105,14 @@ class PairedStores:
 
     async def schema_version(self) -> int | None:
         return await self._base.schema_version()
+
+    async def wait_work(self, timeout: float) -> bool:
+        """``WorkWakeups`` from the journal, which is where work is made; a journal that
+        cannot tell just waits ``timeout`` (the sweeps find the work)."""
+        if isinstance(self._base, WorkWakeups):
+            return await self._base.wait_work(timeout)
+        await asyncio.sleep(timeout)
+        return False
 
 
 def with_leases(journal: Stores, leases: OpenableLeaseStore) -> PairedStores:

@@ -386,6 +386,19 @@ class StagedWakeups(Protocol):
 
 
 @runtime_checkable
+class WorkWakeups(Protocol):
+    """**Protocol (optional):** stores that can tell an idle worker that another process made
+    an instance runnable — a queued start, a signal or a child's end that made an instance
+    ``Pending``, a run handed back (PostgreSQL: LISTEN/NOTIFY; SQLite: the file's
+    ``data_version``). Only latency rests on it: the sweeps remain the safety net."""
+
+    async def wait_work(self, timeout: float) -> bool:
+        """``True`` when told of new work within ``timeout`` seconds (it may be a false
+        alarm: the caller looks, and finds nothing); ``False`` after ``timeout``."""
+        ...
+
+
+@runtime_checkable
 class Stores(Protocol):
     """**Protocol:** what a backend hands the host: its roles, plus lifecycle."""
 

@@ -30,7 +30,7 @@ from psycopg.rows import dict_row
 from flowx.stores.columns import EVENT_COLUMNS, event_of
 from flowx.stores.outbox_claims import ClaimOutcome
 from flowx.stores.postgres.database import PostgresDatabase
-from flowx.stores.postgres.notify import StagedListener
+from flowx.stores.postgres.notify import Listener
 from flowx.stores.records import EventRecord
 
 # outbox_event_pending_idx serves the claim (staged_seq order, pending only);
@@ -95,7 +95,7 @@ class PostgresOutbox:
 
     def __init__(self, db: PostgresDatabase) -> None:
         self._db = db
-        self._listener = StagedListener(db)
+        self._listener = Listener(db)
 
     async def wait_staged(self, timeout: float) -> bool:
         """Wait for another process's NOTIFY that it staged events (``StagedWakeups``)."""

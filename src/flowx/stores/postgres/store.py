@@ -26,7 +26,7 @@ from flowx.stores.errors import FencedOut, UnknownInstance
 from flowx.stores.postgres.changes import PostgresChanges
 from flowx.stores.postgres.commit import GroupCommitter, commit_one
 from flowx.stores.postgres.database import DedicatedConnection, PostgresDatabase, redact
-from flowx.stores.postgres.notify import StagedNotifier
+from flowx.stores.postgres.notify import WORK, Listener, Notifier
 from flowx.stores.postgres.outbox import PostgresOutbox
 from flowx.stores.postgres.rows import candidates
 from flowx.stores.postgres.waits import PostgresWaits
@@ -37,6 +37,7 @@ from flowx.stores.records import (
     EventRecord,
     History,
     InstanceRecord,
+    InstanceState,
     Lease,
     NewInstance,
     RecoveryCandidate,
@@ -196,7 +197,10 @@ RETURNING l.instance_id::text, l.expires_at
 RELEASE: Final[LiteralString] = (
     "UPDATE flow_lease SET expires_at = coalesce(%(now)s::timestamptz, now()) "
     "WHERE instance_id = %(instance_id)s AND fencing_token = %(token)s "
-    "AND expires_at > coalesce(%(now)s::timestamptz, now())"
+    "AND expires_at > coalesce(%(now)s::timestamptz, now()) "
+    # Whether the instance is left for any node to take (a queued start, a hand-back): then
+    # the release, not the commit before it, is the moment to wake a worker elsewhere.
+    "RETURNING (SELECT state = 'Pending' FROM flow_instance WHERE instance_id = %(instance_id)s)"
 )
 CURRENT_LEASE: Final[LiteralString] = (
     "SELECT owner_node, fencing_token, expires_at FROM flow_lease WHERE instance_id = %s"
@@ -262,10 +266,16 @@ async def existing(cur: Any, instance: NewInstance) -> InstanceRecord:
 class PostgresJournal:
     """``FlowJournal`` on PostgreSQL."""
 
-    def __init__(self, db: PostgresDatabase, notifier: StagedNotifier | None = None) -> None:
+    def __init__(
+        self,
+        db: PostgresDatabase,
+        notifier: Notifier | None = None,
+        work: Notifier | None = None,
+    ) -> None:
         self._db = db
         self._group = GroupCommitter(db)
         self._notifier = notifier
+        self._work = work
 
     async def create(
         self, instance: NewInstance, *, token: int, now: datetime | None
@@ -275,6 +285,8 @@ class PostgresJournal:
             cur = conn.cursor(row_factory=dict_row)
             row = await (await cur.execute(INSERT_INSTANCE, params)).fetchone()
             if row is not None:
+                if instance.state is InstanceState.PENDING and self._work is not None:
+                    self._work.mark()  # a queued start: any worker may take it now
                 return CreateResult(instance=instance_of(row), created=True)
             return CreateResult(instance=await existing(cur, instance), created=False)
 
@@ -327,7 +339,12 @@ class PostgresJournal:
             # Concurrent commits from many instances share statements (commit.py).
             sequence = await self._group.commit(commit)
         if commit.events and self._notifier is not None:
-            self._notifier.staged()
+            self._notifier.mark()
+        if self._work is not None and (
+            commit.notify_parent or commit.state is InstanceState.PENDING
+        ):
+            # A child's end may have made its parent Pending; a run handed back is Pending.
+            self._work.mark()
         return sequence
 
     async def _commit_and_wake_parent(self, commit: StepCommit) -> int | None:
@@ -383,8 +400,9 @@ class PostgresLeaseStore:
     what lost live leases when every commit was slow (a slow disk; R9.1).
     """
 
-    def __init__(self, db: PostgresDatabase) -> None:
+    def __init__(self, db: PostgresDatabase, work: Notifier | None = None) -> None:
         self._db = db
+        self._work = work
         # Renewals commit without waiting for their WAL flush: a slow disk (an fsync of a
         # fifth of the TTL) would otherwise make each renewal take two flushes and live
         # leases run out (R9.1). What a server crash can lose is the last renewals, so the
@@ -442,7 +460,9 @@ class PostgresLeaseStore:
     async def release(self, lease: Lease, *, now: datetime | None) -> None:
         params = {"instance_id": lease.instance_id, "token": lease.token, "now": now}
         async with self._db.connection() as conn:
-            await conn.execute(RELEASE, params, prepare=True)
+            row = await (await conn.execute(RELEASE, params, prepare=True)).fetchone()
+        if row is not None and row[0] and self._work is not None:
+            self._work.mark()
 
     async def current(self, instance_id: str) -> Lease | None:
         async with self._db.connection() as conn:
@@ -503,14 +523,16 @@ class PostgresStores:
     ) -> None:
         self.db = PostgresDatabase(dsn, schema=schema, **pool)
         self._migrate = migrate
-        self.notifier = StagedNotifier(self.db)
-        self.journal = PostgresJournal(self.db, self.notifier)
-        self.leases = PostgresLeaseStore(self.db)
+        self.notifier = Notifier(self.db)
+        self.work_notifier = Notifier(self.db, WORK)
+        self._work_listener = Listener(self.db, WORK)
+        self.journal = PostgresJournal(self.db, self.notifier, self.work_notifier)
+        self.leases = PostgresLeaseStore(self.db, self.work_notifier)
         self.recovery = PostgresRecoveryIndex(self.db)
         self.catalog = PostgresCatalog(self.db)
         self.outbox = PostgresOutbox(self.db)
         self.changes = PostgresChanges(self.db)
-        self.waits = PostgresWaits(self.db)
+        self.waits = PostgresWaits(self.db, self.work_notifier)
 
     async def create_leased(
         self, instance: NewInstance, *, owner: str, ttl: timedelta, now: datetime | None
@@ -521,8 +543,15 @@ class PostgresStores:
     async def open(self) -> None:
         await self.db.open(migrate=self._migrate)
 
+    async def wait_work(self, timeout: float) -> bool:
+        """``WorkWakeups``: wait for another process's NOTIFY that an instance became
+        runnable; ``False`` after ``timeout`` without one."""
+        return await self._work_listener.wait(timeout)
+
     async def close(self) -> None:
         await self.notifier.close()
+        await self.work_notifier.close()
+        await self._work_listener.close()
         await self.outbox.close()
         await self.leases.close()
         await self.db.close()

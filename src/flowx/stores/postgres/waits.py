@@ -26,6 +26,7 @@ from flowx.stores.columns import (
 )
 from flowx.stores.errors import FencedOut, InstanceFinished, UnknownInstance
 from flowx.stores.postgres.database import PostgresDatabase
+from flowx.stores.postgres.notify import Notifier
 from flowx.stores.postgres.rows import candidates
 from flowx.stores.records import (
     InstanceRecord,
@@ -146,8 +147,9 @@ async def _lock_fenced(conn: psycopg.AsyncConnection[Any], instance_id: str, tok
 class PostgresWaits:
     """``WaitStore``: each write one transaction that locks the instance row first."""
 
-    def __init__(self, db: PostgresDatabase) -> None:
+    def __init__(self, db: PostgresDatabase, work: Notifier | None = None) -> None:
         self._db = db
+        self._work = work
 
     async def suspend(self, commit: SuspendCommit) -> bool:
         wake = commit.wake
@@ -217,6 +219,8 @@ class PostgresWaits:
                 status="duplicate",
                 state=state,
             )
+        if woken and self._work is not None:
+            self._work.mark()  # Pending now: a worker elsewhere may take it at once
         return SignalReceipt(
             instance_id=instance_id,
             name=name,
@@ -255,4 +259,6 @@ class PostgresWaits:
             params = {"instance_id": instance_id, "from_step": from_step, "now": now}
             row = await (await cur.execute(REARM, params)).fetchone()
             assert row is not None  # locked above: it cannot have gone
-            return instance_of(row)
+        if self._work is not None:
+            self._work.mark()
+        return instance_of(row)

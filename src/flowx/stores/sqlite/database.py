@@ -81,6 +81,11 @@ class SqliteDatabase:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, self._call, fn)
 
+    async def data_version(self) -> int:
+        """``PRAGMA data_version``: changes when another connection (another process) has
+        committed to the file since this connection last looked."""
+        return int(await self.run(lambda conn: conn.execute("PRAGMA data_version").fetchone()[0]))
+
     async def write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn(connection)`` as one atomic write, group-committed with its neighbours.
 

@@ -8,6 +8,7 @@ under which PostgreSQL checks the fence.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import sqlite3
 from collections.abc import Sequence
@@ -456,6 +457,11 @@ class SqliteCatalog:
         return await self._db.run(q)
 
 
+#: How often an idle worker looks for another process's commit: the most a start or a signal
+#: from another process waits before a worker here notices it.
+WORK_POLL = 0.01
+
+
 class SqliteStores:
     """All four roles over one SQLite file (R1.2)."""
 
@@ -469,6 +475,28 @@ class SqliteStores:
         self.outbox = SqliteOutbox(self.db)
         self.changes = SqliteChanges(self.db)
         self.waits = SqliteWaits(self.db)
+        self._seen_version: int | None = None
+
+    async def wait_work(self, timeout: float) -> bool:
+        """``WorkWakeups``: ``True`` once another process has committed to the file since the
+        last look (``PRAGMA data_version``; this process's own writes go through its one
+        connection and do not count), polled every ``WORK_POLL`` seconds.
+
+        Any commit elsewhere counts, not only one that made work: the caller's look is one
+        indexed read, and a wake-up missed would cost a whole sweep interval."""
+        loop = asyncio.get_running_loop()
+        ends = loop.time() + timeout
+        if self._seen_version is None:
+            self._seen_version = await self.db.data_version()
+        while True:
+            left = ends - loop.time()
+            if left <= 0:
+                return False
+            await asyncio.sleep(min(WORK_POLL, left))
+            version = await self.db.data_version()
+            if version != self._seen_version:
+                self._seen_version = version
+                return True
 
     async def create_leased(
         self, instance: NewInstance, *, owner: str, ttl: timedelta, now: datetime | None
