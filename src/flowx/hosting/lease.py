@@ -146,14 +146,25 @@ class DurableLease:
             return True
         return False
 
-    async def release(self) -> None:
-        """Stop renewing and hand the lease back. Idempotent; never raises."""
+    async def ended_by_commit(self) -> None:
+        """The run's terminal commit ended the lease in its own write
+        (``StepCommit.release_lease``): stop renewing; ``release()`` then sends nothing."""
+        await self._stop_holding()
+
+    async def _stop_holding(self) -> bool:
+        """Stop renewing; ``False`` if that had already happened."""
         if self._released:
-            return
+            return False
         self._released = True
         self._keeper.drop(self)
         if self._owns_keeper:
             await self._keeper.stop()
+        return True
+
+    async def release(self) -> None:
+        """Stop renewing and hand the lease back. Idempotent; never raises."""
+        if not await self._stop_holding():
+            return
         if self._lost is None:
             try:
                 await self._store.release(self._lease, now=self._keeper.clock.store_time())

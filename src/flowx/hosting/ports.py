@@ -16,6 +16,7 @@ from flowx.errors import FlowXError
 from flowx.hosting.context import NodeContext
 from flowx.hosting.lease import DurableLease
 from flowx.plan.model import Plan, SubFlowNode
+from flowx.stores.protocols import CommitReleases
 from flowx.stores.records import (
     EventWrite,
     InstanceRecord,
@@ -63,7 +64,15 @@ class DurableCommitter:
         events: tuple[EventWrite, ...] = (),
         notify_parent: bool = False,
     ) -> None:
-        journal = self._ctx.require_stores().journal
+        stores = self._ctx.require_stores()
+        # A terminal commit ends the lease in its own write where the journal keeps the
+        # leases: the run then releases nothing afterwards (one round trip a flow fewer).
+        release = (
+            state is not None
+            and state.terminal
+            and isinstance(stores, CommitReleases)
+            and stores.commit_releases_lease()
+        )
         commit = StepCommit(
             instance_id=self._instance_id,
             # The token this run holds, live or not: a finished step's effect is done, and
@@ -76,9 +85,12 @@ class DurableCommitter:
             error=error,
             events=events,
             notify_parent=notify_parent,
+            release_lease=release,
         )
         with self._lease.writing():
-            await journal.commit(commit)
+            await stores.journal.commit(commit)
+        if release:
+            await self._lease.ended_by_commit()
         if events and self._ctx.outbox is not None:
             self._ctx.outbox.wake()
 

@@ -386,6 +386,17 @@ class StagedWakeups(Protocol):
 
 
 @runtime_checkable
+class CommitReleases(Protocol):
+    """**Protocol (optional):** stores whose journal keeps the leases too, so a terminal
+    commit can end its run's lease in the same write (``StepCommit.release_lease``): one
+    round trip a flow fewer. A journal paired with another lease store does not declare it."""
+
+    def commit_releases_lease(self) -> bool:
+        """``True``: ``journal.commit`` honours ``release_lease``."""
+        ...
+
+
+@runtime_checkable
 class WorkWakeups(Protocol):
     """**Protocol (optional):** stores that can tell an idle worker that another process made
     an instance runnable — a queued start, a signal or a child's end that made an instance

@@ -185,6 +185,10 @@ class StepCommit:
     #: for this child (``parent_step_id``/``parent_scope``), in the same transaction, so a
     #: crash between the two cannot leave the parent waiting for ever.
     notify_parent: bool = False
+    #: End the lease ``token`` names in the same write (a run's terminal commit, on stores
+    #: whose journal keeps the leases: ``CommitReleases``), saving the release's own round
+    #: trip. A commit the fence refuses releases nothing.
+    release_lease: bool = False
 
 
 #: ``wake_signal`` of a parent Suspended until its sub-flow child ends.

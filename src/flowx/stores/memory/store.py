@@ -144,6 +144,10 @@ class MemoryJournal:
         d.instances[commit.instance_id] = record
         if commit.notify_parent:
             self._wake_parent(record, now)
+        if commit.release_lease:
+            lease = d.leases.get(commit.instance_id)
+            if lease is not None and lease.token == commit.token and lease.expires_at > now:
+                d.leases[commit.instance_id] = dataclasses.replace(lease, expires_at=now)
         return sequence
 
     def _wake_parent(self, child: InstanceRecord, now: datetime) -> None:
@@ -423,6 +427,11 @@ class MemoryStores:
         self.outbox = MemoryOutbox(self._data)
         self.changes = MemoryChanges(self._data)
         self.waits = MemoryWaits(self._data)
+
+    def commit_releases_lease(self) -> bool:
+        """``CommitReleases``: the journal keeps the leases, so a terminal commit ends its
+        run's lease in its own write."""
+        return True
 
     async def create_leased(
         self, instance: NewInstance, *, owner: str, ttl: timedelta, now: datetime | None

@@ -187,11 +187,21 @@ SELECT g.fencing_token AS lease_token, g.expires_at AS lease_expires,
 )
 # Every lease a node holds, renewed in one statement (R9.1); primary key per row. A lease
 # whose token is stale or that has expired is not in the result.
+# The rows are locked in id order first, as a batch of terminal commits locks the leases it
+# ends (commit.py): the two never wait on each other in a cycle.
 RENEW_MANY: Final[LiteralString] = """
+WITH t AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), held AS (
+    SELECT l.instance_id
+      FROM flow_lease l, t, unnest(%(ids)s::uuid[], %(tokens)s::bigint[]) AS r(instance_id, token)
+     WHERE l.instance_id = r.instance_id AND l.fencing_token = r.token AND l.expires_at > t.now
+     ORDER BY l.instance_id
+       FOR UPDATE OF l
+)
 UPDATE flow_lease l SET expires_at = t.now + %(ttl)s::interval
-  FROM (SELECT coalesce(%(now)s::timestamptz, now()) AS now) t,
-       unnest(%(ids)s::uuid[], %(tokens)s::bigint[]) AS r(instance_id, token)
- WHERE l.instance_id = r.instance_id AND l.fencing_token = r.token AND l.expires_at > t.now
+  FROM t, held h
+ WHERE l.instance_id = h.instance_id
 RETURNING l.instance_id::text, l.expires_at
 """
 RELEASE: Final[LiteralString] = (
@@ -533,6 +543,11 @@ class PostgresStores:
         self.outbox = PostgresOutbox(self.db)
         self.changes = PostgresChanges(self.db)
         self.waits = PostgresWaits(self.db, self.work_notifier)
+
+    def commit_releases_lease(self) -> bool:
+        """``CommitReleases``: the journal keeps the leases, so a terminal commit ends its
+        run's lease in its own write."""
+        return True
 
     async def create_leased(
         self, instance: NewInstance, *, owner: str, ttl: timedelta, now: datetime | None

@@ -153,6 +153,16 @@ def acquire_in(
     return Lease(instance_id=instance_id, owner=owner, token=token, expires_at=expires)
 
 
+def release_in(conn: sqlite3.Connection, instance_id: str, token: int, now: datetime) -> None:
+    """End the lease ``token`` names, if it is still the live one."""
+    stamp = to_text(now)
+    conn.execute(
+        "UPDATE flow_lease SET expires_at = ? "
+        "WHERE instance_id = ? AND fencing_token = ? AND expires_at > ?",
+        (stamp, instance_id, token, stamp),
+    )
+
+
 class SqliteJournal:
     """``FlowJournal`` on the SQLite file."""
 
@@ -190,9 +200,11 @@ class SqliteJournal:
 
     async def commit(self, commit: StepCommit) -> int | None:
         def tx(conn: sqlite3.Connection) -> int | None:
-            sequence = write(conn)
+            sequence = write(conn)  # raises, writing nothing, when the fence refuses it
             if commit.notify_parent:
                 wake_parent_in(conn, commit.instance_id, or_process_now(commit.now))
+            if commit.release_lease:
+                release_in(conn, commit.instance_id, commit.token, or_process_now(commit.now))
             return sequence
 
         def write(conn: sqlite3.Connection) -> int | None:
@@ -373,12 +385,7 @@ class SqliteLeaseStore:
 
     async def release(self, lease: Lease, *, now: datetime | None) -> None:
         def tx(conn: sqlite3.Connection) -> None:
-            stamp = to_text(or_process_now(now))
-            conn.execute(
-                "UPDATE flow_lease SET expires_at = ? "
-                "WHERE instance_id = ? AND fencing_token = ? AND expires_at > ?",
-                (stamp, lease.instance_id, lease.token, stamp),
-            )
+            release_in(conn, lease.instance_id, lease.token, or_process_now(now))
 
         await self._db.write(tx)
 
@@ -497,6 +504,11 @@ class SqliteStores:
             if version != self._seen_version:
                 self._seen_version = version
                 return True
+
+    def commit_releases_lease(self) -> bool:
+        """``CommitReleases``: the journal keeps the leases, so a terminal commit ends its
+        run's lease in its own write."""
+        return True
 
     async def create_leased(
         self, instance: NewInstance, *, owner: str, ttl: timedelta, now: datetime | None

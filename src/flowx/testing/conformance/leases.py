@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -9,7 +10,8 @@ import pytest
 
 from flowx.stores.errors import FencedOut, LeaseLost
 from flowx.stores.paired import PairedStores
-from flowx.stores.protocols import LeasedCreate, StoreClock
+from flowx.stores.protocols import CommitReleases, LeasedCreate, StoreClock
+from flowx.stores.records import InstanceState
 from flowx.testing.conformance._support import (
     at,
     commit,
@@ -234,3 +236,46 @@ class LeaseStoreConformance:
         else:
             reference = datetime.now(UTC)  # stores in this process share its clock
         assert abs(again.expires_at - (reference + TTL)) < timedelta(seconds=5)
+
+    async def test_a_terminal_commit_can_end_its_lease_in_the_same_write(self, stores: Any) -> None:
+        """``CommitReleases``: a commit with ``release_lease`` ends the lease its token names
+        (the next acquirer needs no wait); one the fence refuses ends nothing. Many at once
+        (a group commit on PostgreSQL) each end their own."""
+        declared: object = stores
+        if not (isinstance(declared, CommitReleases) and declared.commit_releases_lease()):
+            pytest.skip("this store does not declare CommitReleases")
+        iid = new_id()
+        lease = await stores.leases.acquire(iid, owner="n1", ttl=TTL, now=at(0))
+        await stores.journal.create(instance(iid), token=lease.token, now=at(0))
+        done = commit(
+            iid, token=lease.token, now=1, state=InstanceState.COMPLETED, release_lease=True
+        )
+        await stores.journal.commit(done)
+        assert (await stores.leases.current(iid)).expires_at == at(1)
+        again = await stores.leases.acquire(iid, owner="n2", ttl=TTL, now=at(2))
+        assert again is not None and again.token > lease.token
+        # A stale holder's releasing commit is refused, and the live lease stays live.
+        stale = commit(
+            iid, token=lease.token, now=3, state=InstanceState.FAILED, release_lease=True
+        )
+        with pytest.raises(FencedOut):
+            await stores.journal.commit(stale)
+        assert (await stores.leases.current(iid)).expires_at == again.expires_at
+        # Without the flag a commit leaves the lease alone.
+        await stores.journal.commit(commit(iid, token=again.token, now=4, step=step(1)))
+        assert (await stores.leases.current(iid)).expires_at == again.expires_at
+        # Many at once: each ends its own lease, and only its own.
+        many = [new_id() for _ in range(24)]
+        leases = [await stores.leases.acquire(i, owner="n1", ttl=TTL, now=at(0)) for i in many]
+        for i, held in zip(many, leases, strict=True):
+            await stores.journal.create(instance(i), token=held.token, now=at(0))
+        ending = [
+            commit(
+                i, token=held.token, now=5, state=InstanceState.COMPLETED, release_lease=n % 2 == 0
+            )
+            for n, (i, held) in enumerate(zip(many, leases, strict=True))
+        ]
+        await asyncio.gather(*(stores.journal.commit(c) for c in ending))
+        for n, i in enumerate(many):
+            expected = at(5) if n % 2 == 0 else at(30)
+            assert (await stores.leases.current(i)).expires_at == expected, n
