@@ -31,7 +31,7 @@ from flowx.hosting.recovery import RecoveryService, ResumeVerdict
 from flowx.hosting.timers import TimerService
 from flowx.plan.model import Plan, SubFlowNode
 from flowx.stores.errors import FencedOut, JournalUnavailable, UnknownInstance
-from flowx.stores.protocols import LeasedCreate, Stores
+from flowx.stores.protocols import LeasedCreate, QueueClaims, Stores
 from flowx.stores.records import (
     CreateResult,
     History,
@@ -176,6 +176,28 @@ class InstanceRunner:
             return "gone"
         self._spawn(plan, history.instance, history.steps, durable, recovering=True, queued=queued)
         return "resumed"
+
+    async def claim_queued(self, limit: int) -> int:
+        """Take up to ``limit`` queued instances in one claim (``QueueClaims``) and run them
+        here; how many were taken."""
+        ctx = self._ctx
+        stores = ctx.require_stores()
+        if not ctx.accepting or not isinstance(stores, QueueClaims):
+            return 0
+        sent = time.monotonic()
+        claimed = await stores.claim_queued(
+            owner=ctx.node_id,
+            ttl=ctx.settings.lease_ttl,
+            limit=limit,
+            flows=ctx.plans.refs(),
+            now=ctx.clock.store_time(),
+        )
+        for lease, history in claimed:
+            durable = ctx.hold(stores, lease, sent)
+            record = history.instance
+            plan = ctx.plans.plan(record.flow_id, record.flow_version)
+            self._spawn(plan, record, history.steps, durable, recovering=True, queued=True)
+        return len(claimed)
 
     async def resume_candidate(self, candidate: RecoveryCandidate, queued: bool) -> ResumeVerdict:
         """A recovery sweep's or the timer service's pick: resumed unless it is not ours."""

@@ -108,6 +108,10 @@ class RecoveryService:
         self._rng = rng or random.Random()
         self._slot_freed = asyncio.Event()
         self._poked = asyncio.Event()
+        #: Takes up to n queued instances in one claim and runs them, returning how many
+        #: (``InstanceRunner.claim_queued``, where the stores claim: ``QueueClaims``). Unset,
+        #: each queued row is read, then taken over one by one.
+        self.claim: Callable[[int], Awaitable[int]] | None = None
 
     def slot_freed(self) -> None:
         """Called by the host when a recovered or queued instance stops running here."""
@@ -194,10 +198,20 @@ class RecoveryService:
         room = self._queued_room()
         if room <= 0:
             return _QueuedPass(counts=counts, page=0, full=True)
-        page = [c for c in await self._index.find_queued(limit=room) if c.instance_id not in taken]
-        for verdict in await self._take(page, queued=True):
-            counts[verdict] += 1
-        return _QueuedPass(counts=counts, page=len(page), full=len(page) >= room)
+        if self.claim is not None:
+            # Claimed in one write: nothing another worker is taking, nothing taken twice.
+            counts["resumed"] = page = await self.claim(room)
+        else:
+            candidates = await self._index.find_queued(limit=room)
+            queued = [c for c in candidates if c.instance_id not in taken]
+            for verdict in await self._take(queued, queued=True):
+                counts[verdict] += 1
+            page = len(queued)
+        if page >= room and self._queued_room() > 0:
+            # A full page and slots still free: a backlog. Take the next page at once rather
+            # than after a slot frees (the sweep's schedule is unchanged).
+            self._poked.set()
+        return _QueuedPass(counts=counts, page=page, full=page >= room)
 
     def _queued_room(self) -> int:
         batch = self._settings.recovery_scan_batch_size

@@ -22,7 +22,7 @@ from flowx.hosting.instance_runner import InstanceRunner
 from flowx.hosting.recovery import RecoveryService
 from flowx.hosting.timers import TimerService
 from flowx.stores.errors import JournalUnavailable, LeaseUnavailable
-from flowx.stores.protocols import RoundTripBound, Stores, WorkWakeups
+from flowx.stores.protocols import QueueClaims, RoundTripBound, Stores, WorkWakeups
 
 log = logging.getLogger("flowx.host")
 #: Seconds between two measurements of this node's clock offset to its stores (R9.2).
@@ -65,6 +65,8 @@ class NodeServices:
             else None
         )
         runner.recovery, runner.timers = self.recovery, self.timers
+        if self.recovery is not None and isinstance(store, QueueClaims):
+            self.recovery.claim = runner.claim_queued
         self._run_recovery = run_recovery
         self._run_timers = run_timers
         self.stop = asyncio.Event()

@@ -386,6 +386,28 @@ class StagedWakeups(Protocol):
 
 
 @runtime_checkable
+class QueueClaims(Protocol):
+    """**Protocol (optional):** stores that claim queued work in one write: a page of
+    ``Pending`` instances, each leased (the fence raised to the new token), made ``Running``
+    and read, so that workers draining one backlog never take the same rows. Stores whose
+    leases live elsewhere do not declare it; the recovery scan then takes each row itself."""
+
+    async def claim_queued(
+        self,
+        *,
+        owner: str,
+        ttl: timedelta,
+        limit: int,
+        flows: Sequence[str] | None,
+        now: datetime | None,
+    ) -> Sequence[tuple[Lease, History]]:
+        """Up to ``limit`` of the oldest ``Pending`` instances of ``flows`` (``flow@version``
+        refs; ``None``: any), each with the lease granted to ``owner`` and its history read
+        under it. An instance whose lease is live elsewhere is left ``Pending``."""
+        ...
+
+
+@runtime_checkable
 class CommitReleases(Protocol):
     """**Protocol (optional):** stores whose journal keeps the leases too, so a terminal
     commit can end its run's lease in the same write (``StepCommit.release_lease``): one

@@ -24,6 +24,7 @@ from flowx.stores.columns import (
 )
 from flowx.stores.errors import FencedOut, UnknownInstance
 from flowx.stores.postgres.changes import PostgresChanges
+from flowx.stores.postgres.claims import claim_queued
 from flowx.stores.postgres.commit import GroupCommitter, commit_one
 from flowx.stores.postgres.database import DedicatedConnection, PostgresDatabase, redact
 from flowx.stores.postgres.notify import WORK, Listener, Notifier
@@ -543,6 +544,18 @@ class PostgresStores:
         self.outbox = PostgresOutbox(self.db)
         self.changes = PostgresChanges(self.db)
         self.waits = PostgresWaits(self.db, self.work_notifier)
+
+    async def claim_queued(
+        self,
+        *,
+        owner: str,
+        ttl: timedelta,
+        limit: int,
+        flows: Sequence[str] | None,
+        now: datetime | None,
+    ) -> list[tuple[Lease, History]]:
+        """``QueueClaims``: a page of Pending instances leased and opened in one statement."""
+        return await claim_queued(self.db, owner=owner, ttl=ttl, limit=limit, flows=flows, now=now)
 
     def commit_releases_lease(self) -> bool:
         """``CommitReleases``: the journal keeps the leases, so a terminal commit ends its

@@ -41,6 +41,15 @@ from flowx.stores.records import (
 )
 from flowx.stores.renewal import renew_one
 from flowx.stores.sqlite.database import SqliteDatabase, from_text, to_text
+from flowx.stores.sqlite.leasing import (
+    FENCE_OF,
+    RAISE_FENCE,
+    SELECT_STEPS,
+    acquire_in,
+    claim_queued_in,
+    open_in,
+    release_in,
+)
 from flowx.stores.sqlite.outbox import SqliteChanges, SqliteOutbox
 from flowx.stores.sqlite.rows import (
     SELECT_INSTANCE,
@@ -52,13 +61,6 @@ from flowx.stores.sqlite.rows import (
 )
 from flowx.stores.sqlite.waits import SqliteWaits
 
-# Served by the primary key; rows come back in commit order (R2.8).
-_SELECT_STEPS: Final = (
-    f"SELECT {STEP_COLUMNS} FROM flow_step WHERE instance_id = ? ORDER BY sequence"
-)
-# Primary key, both.
-_FENCE_OF: Final = "SELECT fence FROM flow_instance WHERE instance_id = ?"
-_RAISE_FENCE: Final = "UPDATE flow_instance SET fence = ? WHERE instance_id = ? AND fence < ?"
 # flow_instance_idempotency_idx.
 _SELECT_BY_KEY: Final = (
     f"SELECT {INSTANCE_COLUMNS} FROM flow_instance WHERE flow_id = ? AND idempotency_key = ?"
@@ -125,44 +127,6 @@ def wake_parent_in(conn: sqlite3.Connection, instance_id: str, now: datetime) ->
     conn.execute(_WAKE_PARENT, (to_text(now), parent, CHILD_WAIT, step_id, scope))
 
 
-def acquire_in(
-    conn: sqlite3.Connection,
-    instance_id: str,
-    owner: str,
-    ttl: timedelta,
-    now: datetime | None,
-    floor: int,
-) -> Lease | None:
-    """Grant the lease inside the caller's write transaction."""
-    now = or_process_now(now)  # read under the write lock
-    row = conn.execute(
-        "SELECT fencing_token, expires_at FROM flow_lease WHERE instance_id = ?",
-        (instance_id,),
-    ).fetchone()
-    stamp, expires = to_text(now), now + ttl
-    if row is not None and row[1] > stamp:
-        return None
-    token = max(row[0] if row else 0, floor) + 1
-    conn.execute(
-        "INSERT INTO flow_lease (instance_id, owner_node, fencing_token, expires_at, "
-        "acquired_at) VALUES (?, ?, ?, ?, ?) ON CONFLICT (instance_id) DO UPDATE SET "
-        "owner_node = excluded.owner_node, fencing_token = excluded.fencing_token, "
-        "expires_at = excluded.expires_at, acquired_at = excluded.acquired_at",
-        (instance_id, owner, token, to_text(expires), stamp),
-    )
-    return Lease(instance_id=instance_id, owner=owner, token=token, expires_at=expires)
-
-
-def release_in(conn: sqlite3.Connection, instance_id: str, token: int, now: datetime) -> None:
-    """End the lease ``token`` names, if it is still the live one."""
-    stamp = to_text(now)
-    conn.execute(
-        "UPDATE flow_lease SET expires_at = ? "
-        "WHERE instance_id = ? AND fencing_token = ? AND expires_at > ?",
-        (stamp, instance_id, token, stamp),
-    )
-
-
 class SqliteJournal:
     """``FlowJournal`` on the SQLite file."""
 
@@ -175,28 +139,7 @@ class SqliteJournal:
         return await self._db.write(lambda conn: create_in(conn, instance, token, now))
 
     async def open(self, instance_id: str, *, token: int, now: datetime | None) -> History:
-        def tx(conn: sqlite3.Connection) -> History:
-            stamp = to_text(or_process_now(now))  # read under the write lock
-            row = conn.execute(_FENCE_OF, (instance_id,)).fetchone()
-            if row is None:
-                raise UnknownInstance(instance_id)
-            if token < row[0]:
-                raise FencedOut(instance_id, token, row[0])
-            # The fence rises before anything is read (R2.4). A queued (Pending) or woken
-            # (Suspended) instance is Running from here on.
-            conn.execute(
-                "UPDATE flow_instance SET fence = ?, resume_count = resume_count + 1, "
-                "state = CASE WHEN state IN ('Pending', 'Suspended') THEN 'Running' "
-                "ELSE state END, "
-                "updated_at = ?, version = version + 1 WHERE instance_id = ?",
-                (token, stamp, instance_id),
-            )
-            instance = read_instance(conn, instance_id)
-            assert instance is not None  # its fence was read above, under the write lock
-            steps = tuple(step_row(r) for r in conn.execute(_SELECT_STEPS, (instance_id,)))
-            return History(instance=instance, steps=steps)
-
-        return await self._db.write(tx)
+        return await self._db.write(lambda conn: open_in(conn, instance_id, token, now))
 
     async def commit(self, commit: StepCommit) -> int | None:
         def tx(conn: sqlite3.Connection) -> int | None:
@@ -313,7 +256,7 @@ class SqliteJournal:
 
     async def steps(self, instance_id: str) -> Sequence[StepRecord]:
         def q(conn: sqlite3.Connection) -> Sequence[StepRecord]:
-            return tuple(step_row(r) for r in conn.execute(_SELECT_STEPS, (instance_id,)))
+            return tuple(step_row(r) for r in conn.execute(SELECT_STEPS, (instance_id,)))
 
         return await self._db.run(q)
 
@@ -345,13 +288,13 @@ class SqliteLeaseStore:
         floor: int = 0,
     ) -> Lease | None:
         def tx(conn: sqlite3.Connection) -> Lease | None:
-            row = conn.execute(_FENCE_OF, (instance_id,)).fetchone()
+            row = conn.execute(FENCE_OF, (instance_id,)).fetchone()
             fence = row[0] if row is not None else 0
             lease = acquire_in(conn, instance_id, owner, ttl, now, max(floor, fence))
             if lease is not None and row is not None:
                 # The fence rises on acquisition (R2.4): from here on a zombie holding an
                 # older token is refused, before the new owner has written or read anything.
-                conn.execute(_RAISE_FENCE, (lease.token, instance_id, lease.token))
+                conn.execute(RAISE_FENCE, (lease.token, instance_id, lease.token))
             return lease
 
         return await self._db.write(tx)
@@ -504,6 +447,22 @@ class SqliteStores:
             if version != self._seen_version:
                 self._seen_version = version
                 return True
+
+    async def claim_queued(
+        self,
+        *,
+        owner: str,
+        ttl: timedelta,
+        limit: int,
+        flows: Sequence[str] | None,
+        now: datetime | None,
+    ) -> list[tuple[Lease, History]]:
+        """``QueueClaims``: a page of Pending instances leased and opened in one write."""
+        return await self.db.write(
+            lambda conn: claim_queued_in(
+                conn, owner=owner, ttl=ttl, limit=limit, flows=flows, now=now
+            )
+        )
 
     def commit_releases_lease(self) -> bool:
         """``CommitReleases``: the journal keeps the leases, so a terminal commit ends its

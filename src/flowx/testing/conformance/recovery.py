@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from typing import Any
 
+import pytest
+
+from flowx.stores.protocols import QueueClaims
 from flowx.stores.records import InstanceState
 from flowx.testing.conformance._support import at, commit, instance, step
 
@@ -97,3 +101,47 @@ class RecoveryIndexConformance:
         history = await stores.journal.open(earlier, token=2, now=at(60))
         assert history.instance.state is InstanceState.RUNNING  # taken: off the queue
         assert [c.instance_id for c in await stores.recovery.find_queued(limit=10)] == [later]
+
+    async def test_queued_work_is_claimed_once_leased_and_opened(self, stores: Any) -> None:
+        """``QueueClaims``: the oldest Pending instances of the carried flows, each leased
+        (fence raised to the new token), Running and read, in one write; one whose lease is
+        live elsewhere stays Pending; two claims at once never take the same instance."""
+        declared: object = stores
+        if not isinstance(declared, QueueClaims):
+            pytest.skip("this store does not declare QueueClaims")
+        older = await self._make(stores, InstanceState.PENDING, 1)
+        await stores.journal.commit(commit(older, token=1, now=2, step=step(1)))
+        held = await self._make(stores, InstanceState.PENDING, 0)
+        assert await stores.leases.acquire(held, owner="starter", ttl=IDLE, now=at(3)) is not None
+        await self._make(stores, InstanceState.RUNNING, 0)  # not queued
+        other_flow = await stores.journal.create(
+            instance(flow_id="conformance.other", state=InstanceState.PENDING), token=1, now=at(0)
+        )
+        newer = await self._make(stores, InstanceState.PENDING, 5)
+        refs = ["conformance.flow@1.0.0"]
+        first = await declared.claim_queued(owner="n1", ttl=IDLE, limit=1, flows=refs, now=at(10))
+        assert [h.instance.instance_id for _, h in first] == [older]
+        lease, history = first[0]
+        assert lease.owner == "n1" and lease.token > 1 and lease.expires_at == at(40)
+        assert history.instance.state is InstanceState.RUNNING
+        assert history.instance.fence == lease.token
+        assert [s.step_id for s in history.steps] == [1]
+        assert (await stores.leases.current(older)).token == lease.token
+        rest = await declared.claim_queued(owner="n2", ttl=IDLE, limit=10, flows=refs, now=at(11))
+        assert [h.instance.instance_id for _, h in rest] == [newer]  # not `held`, not the other
+        assert (await stores.journal.get(held)).state is InstanceState.PENDING
+        assert (await stores.journal.get(other_flow.instance.instance_id)).state is (
+            InstanceState.PENDING
+        )
+        anyone = await declared.claim_queued(owner="n3", ttl=IDLE, limit=10, flows=None, now=at(12))
+        assert [h.instance.instance_id for _, h in anyone] == [other_flow.instance.instance_id]
+        # Two claims at once share a backlog between them, each instance exactly once (`held`
+        # too: its lease has run out by now).
+        backlog = {await self._make(stores, InstanceState.PENDING, 20 + i) for i in range(30)}
+        backlog.add(held)
+        a, b = await asyncio.gather(
+            declared.claim_queued(owner="a", ttl=IDLE, limit=20, flows=None, now=at(60)),
+            declared.claim_queued(owner="b", ttl=IDLE, limit=20, flows=None, now=at(60)),
+        )
+        taken = [h.instance.instance_id for _, h in (*a, *b)]
+        assert len(taken) == len(set(taken)) == 31 and set(taken) == backlog

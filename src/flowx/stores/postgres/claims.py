@@ -1,0 +1,111 @@
+"""Queued work claimed, not raced for: a page of ``Pending`` instances in one statement.
+
+``CLAIM_QUEUED`` picks the oldest ``Pending`` rows of the flows a node carries with
+``FOR UPDATE SKIP LOCKED`` (rows another node's claim holds right now are passed over, not
+waited for), grants a lease on each whose lease is free, raises its fence to the new token and
+makes it ``Running`` — all in one round trip, so a second worker's claim never sees the same
+rows as ``Pending`` again. A row whose lease is still live (a start that has not released it
+yet) is passed over and left ``Pending`` for a later claim. The histories of what was claimed
+are read in a second round trip, one statement for the page.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Final, LiteralString
+
+from psycopg.rows import dict_row
+
+from flowx.stores.columns import INSTANCE_COLUMNS, STEP_COLUMNS, instance_of, step_of
+from flowx.stores.postgres.database import PostgresDatabase
+from flowx.stores.records import History, Lease, StepRecord
+
+_F_COLUMNS: Final = ", ".join(f"f.{c.strip()}" for c in INSTANCE_COLUMNS.split(","))
+
+# flow_instance_queued_idx walked in order; the lease upsert and the open as in ACQUIRE and
+# OPEN_INSTANCE (store.py). ``opened`` only touches rows whose lease was granted.
+CLAIM_QUEUED: Final[LiteralString] = (
+    """
+WITH t AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), picked AS (
+    SELECT f.instance_id, f.fence FROM flow_instance f, t
+     WHERE f.state = 'Pending'
+       AND (%(flows)s::text[] IS NULL OR (f.flow_id || '@' || f.flow_version) = ANY (%(flows)s))
+       -- a start that has not released its lease yet is not at the head of every page
+       AND NOT EXISTS (SELECT 1 FROM flow_lease l
+                        WHERE l.instance_id = f.instance_id AND l.expires_at > t.now)
+     ORDER BY f.updated_at, f.instance_id
+     LIMIT %(limit)s
+       FOR UPDATE OF f SKIP LOCKED
+), granted AS (
+    INSERT INTO flow_lease AS l (instance_id, owner_node, fencing_token, expires_at, acquired_at)
+    SELECT p.instance_id, %(owner)s, p.fence + 1, t.now + %(ttl)s::interval, t.now
+      FROM picked p, t
+    ON CONFLICT (instance_id) DO UPDATE
+       SET owner_node = excluded.owner_node,
+           fencing_token = greatest(l.fencing_token + 1, excluded.fencing_token),
+           expires_at = excluded.expires_at,
+           acquired_at = excluded.acquired_at
+     WHERE l.expires_at <= excluded.acquired_at
+    RETURNING instance_id, fencing_token, expires_at
+), opened AS (
+    UPDATE flow_instance f
+       SET fence = g.fencing_token, resume_count = f.resume_count + 1, state = 'Running',
+           updated_at = t.now, version = f.version + 1
+      FROM granted g, t
+     WHERE f.instance_id = g.instance_id AND f.fence <= g.fencing_token
+    RETURNING """
+    + _F_COLUMNS
+    + """, g.fencing_token AS lease_token, g.expires_at AS lease_expires
+)
+SELECT * FROM opened
+"""
+)
+# flow_step's primary key; each instance's rows in commit order (R2.8).
+STEPS_OF_MANY: Final[LiteralString] = (
+    "SELECT " + STEP_COLUMNS + " FROM flow_step WHERE instance_id = ANY (%s::uuid[]) "
+    "ORDER BY instance_id, sequence"
+)
+
+
+async def claim_queued(
+    db: PostgresDatabase,
+    *,
+    owner: str,
+    ttl: timedelta,
+    limit: int,
+    flows: Sequence[str] | None,
+    now: datetime | None,
+) -> list[tuple[Lease, History]]:
+    """``QueueClaims.claim_queued`` on PostgreSQL: two round trips for a whole page."""
+    params = {
+        "now": now,
+        "flows": None if flows is None else list(flows),
+        "limit": limit,
+        "owner": owner,
+        "ttl": ttl,
+    }
+    async with db.connection() as conn:
+        cur = conn.cursor(row_factory=dict_row)
+        rows = await (await cur.execute(CLAIM_QUEUED, params, prepare=True)).fetchall()
+        if not rows:
+            return []
+        ids = [str(r["instance_id"]) for r in rows]
+        steps: dict[str, list[StepRecord]] = {i: [] for i in ids}
+        for s in await (await cur.execute(STEPS_OF_MANY, (ids,), prepare=True)).fetchall():
+            record = step_of(s)
+            steps[str(record.instance_id)].append(record)
+    claimed: list[tuple[Lease, History]] = []
+    for row in rows:
+        lease = Lease(
+            instance_id=str(row["instance_id"]),
+            owner=owner,
+            token=int(row.pop("lease_token")),
+            expires_at=row.pop("lease_expires"),
+        )
+        instance = instance_of(row)
+        history = History(instance=instance, steps=tuple(steps[lease.instance_id]))
+        claimed.append((lease, history))
+    return claimed
