@@ -138,3 +138,26 @@ async def test_on_sqlite_a_processes_own_writes_do_not_wake_it(
     assert not await here.wait_work(0.05)
     await _create_pending(there, "theirs")
     assert await here.wait_work(30.0)
+
+
+@pytest.mark.timeout(90)
+async def test_a_worker_started_on_a_backlog_takes_it_without_waiting_for_a_sweep(
+    store_url: str,
+) -> None:
+    """Work queued before the worker was listening reaches it by no wake-up: it takes queued
+    work as it starts, whatever its first sweep's random delay."""
+    order = '{"order_id": "w3"}'
+    out = await asyncio.to_thread(cli, store_url, "start", "cli.mail", "--input", order)
+    settings = flowx.HostSettings.load().replace(
+        recovery=True,
+        timers=True,
+        wakeups=False,
+        recovery_scan_interval=NEVER,
+        timer_poll_interval=NEVER,
+    )
+    host = flowx.FlowHost(store=flowx.from_url(store_url), flows=FLOWS, settings=settings)
+    await host.open()
+    try:
+        await until_state(host, out.strip(), InstanceState.COMPLETED, timeout=30)
+    finally:
+        await host.drain(timeout=5)

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 import psycopg
 import pytest
 
+from flowx.stores.postgres.claims import CLAIM_PLAN, CLAIM_QUEUED
 from flowx.stores.postgres.store import (
     FIND_ABANDONED,
     FIND_QUEUED,
@@ -358,3 +359,28 @@ def test_the_timer_scan_returns_due_sleepers_earliest_first(journal: Journal) ->
     assert {r[3] for r in rows} == {"Suspended"}
     assert wakes == sorted(wakes) and wakes[-1] <= now
     assert first is not None and wakes[0] == first[0]
+
+
+def _by_position(query: str, named: dict[str, Any]) -> tuple[str, tuple[Any, ...]]:
+    """``query`` with each ``%(name)s`` as ``%s``, and its values in that order."""
+    values: list[Any] = []
+
+    def one(match: re.Match[str]) -> str:
+        values.append(named[match.group(1)])
+        return "%s"
+
+    return re.sub(r"%\((\w+)\)s", one, query), tuple(values)
+
+
+@PLANS
+@pytest.mark.parametrize("flows", [None, ["plan.flow@1.0.0"]], ids=["any-flow", "carried"])
+def test_the_queue_claim_walks_the_queued_index_without_sorting(
+    journal: Journal, generic: bool, flows: list[str] | None
+) -> None:
+    """R3.4 (issue 14): the claim of a page of queued instances reads flow_instance_queued_idx
+    in order, locks what it takes (SKIP LOCKED), and sorts nothing."""
+    named = {"now": T0, "flows": flows, "limit": 100, "owner": "n1", "ttl": TTL}
+    query, params = _by_position(CLAIM_QUEUED, named)
+    plan = explain(journal.schema, query, params, generic=generic, setup=CLAIM_PLAN)
+    assert_served_by(plan, "flow_instance_queued_idx")
+    assert "LockRows" in node_types(plan)

@@ -261,6 +261,10 @@ class RecoveryService:
         # Start at a random point of the first interval, not in step with the rest of a fleet.
         sweep_at = loop.time() + self._rng.uniform(0, self.next_delay())
         full = False
+        # Queued work is taken at once, though: a worker started on a backlog (or restarted
+        # after an outage) must not idle until its first sweep. No wake-up tells it of rows
+        # queued before it was listening.
+        self._poked.set()
         while not stop.is_set():
             self._slot_freed.clear()
             waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._poked.wait())]
@@ -287,6 +291,8 @@ class RecoveryService:
                     full = (await self.run_queued()).full
                 except FlowXError as exc:
                     log.warning("taking queued work failed (%s); next scan as scheduled", exc)
+                except Exception:  # a bug: say so loudly, but keep the node recovering
+                    log.exception("taking queued work failed; next scan as scheduled")
                 continue
             self._poked.clear()
             result: RecoveryScanResult | None
@@ -297,5 +303,8 @@ class RecoveryService:
             except FlowXError as exc:
                 result = None
                 log.warning("recovery scan failed (%s); next scan as scheduled", exc)
+            except Exception:  # a bug: a dead recovery loop would strand every instance
+                result = None
+                log.exception("recovery scan failed; next scan as scheduled")
             full = result is not None and result.full
             sweep_at = loop.time() + self._delay_after(result)

@@ -411,7 +411,10 @@ class QueueClaims(Protocol):
 class CommitReleases(Protocol):
     """**Protocol (optional):** stores whose journal keeps the leases too, so a terminal
     commit can end its run's lease in the same write (``StepCommit.release_lease``): one
-    round trip a flow fewer. A journal paired with another lease store does not declare it."""
+    write a flow fewer (SQLite, memory). A journal paired with another lease store does not
+    declare it; nor does PostgreSQL, where the lease row would stay locked for the commit's
+    WAL flush and renewals would queue behind slow commits (R9.1): it batches releases on
+    its renewals' connection instead."""
 
     def commit_releases_lease(self) -> bool:
         """``True``: ``journal.commit`` honours ``release_lease``."""

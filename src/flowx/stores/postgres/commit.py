@@ -70,12 +70,6 @@ WITH inst AS (
       FROM ok
      WHERE f.instance_id = %(instance_id)s
     RETURNING 1
-), released AS (
-    UPDATE flow_lease l SET expires_at = ok.now
-      FROM ok
-     WHERE %(release_lease)s AND l.instance_id = %(instance_id)s
-       AND l.fencing_token = %(token)s AND l.expires_at > ok.now
-    RETURNING 1
 ), staged AS (
     INSERT INTO outbox_event (event_id, instance_id, sequence, ordinal, type, schema_version,
                               partition_key, payload, staged_at)
@@ -90,8 +84,7 @@ WITH inst AS (
 SELECT (SELECT fence FROM inst) AS fence,
        (SELECT seq FROM ok) AS seq,
        (SELECT count(*) FROM moved) AS moved,
-       (SELECT count(*) FROM staged) AS staged,
-       (SELECT count(*) FROM released) AS released
+       (SELECT count(*) FROM staged) AS staged
 """
 
 
@@ -116,7 +109,6 @@ def commit_params(commit: StepCommit) -> dict[str, Any]:
         "state_bag": commit.state_bag,
         "state": commit.state.value if commit.state else None,
         "error": commit.error,
-        "release_lease": commit.release_lease,
         "event_ids": [e.event_id for e in events],
         "event_types": [e.type for e in events],
         "event_versions": [e.schema_version for e in events],
@@ -152,11 +144,10 @@ WITH input AS (
         %(outcomes)s::text[], %(results)s::text[], %(capability_ids)s::text[],
         %(capability_versions)s::text[], %(nondeterministic)s::text[],
         %(durations)s::bigint[], %(state_bags)s::text[], %(states)s::text[],
-        %(errors)s::text[], %(nows)s::timestamptz[], %(releases)s::bool[]
+        %(errors)s::text[], %(nows)s::timestamptz[]
     ) WITH ORDINALITY AS i(instance_id, token, has_step, scope, step_id, attempt, step_name,
                            outcome, result, capability_id, capability_version,
-                           nondeterministic, duration_ms, state_bag, state, error, now,
-                           release_lease, ord)
+                           nondeterministic, duration_ms, state_bag, state, error, now, ord)
 ), locked AS (
     SELECT f.instance_id, f.fence, f.next_sequence
       FROM flow_instance f
@@ -167,7 +158,7 @@ WITH input AS (
     SELECT i.instance_id, i.token, i.has_step, i.scope, i.step_id, i.attempt, i.step_name,
            i.outcome, i.result, i.capability_id, i.capability_version, i.nondeterministic,
            i.duration_ms, i.state_bag, i.state, i.error, coalesce(i.now, now()) AS now, i.ord,
-           i.release_lease, l.next_sequence AS seq
+           l.next_sequence AS seq
       FROM input i JOIN locked l ON l.instance_id = i.instance_id
      WHERE i.token >= l.fence
 ), step AS (
@@ -192,19 +183,6 @@ WITH input AS (
       FROM ok
      WHERE f.instance_id = ok.instance_id
     RETURNING ok.ord
-), unleasing AS (
-    -- The leases the batch ends, locked in id order as renewals lock them: a node's renewal
-    -- and its own batch of terminal commits never wait on each other in a cycle.
-    SELECT l.instance_id, ok.now
-      FROM flow_lease l JOIN ok ON ok.instance_id = l.instance_id
-     WHERE ok.release_lease AND l.fencing_token = ok.token AND l.expires_at > ok.now
-     ORDER BY l.instance_id
-       FOR UPDATE OF l
-), released AS (
-    UPDATE flow_lease l SET expires_at = u.now
-      FROM unleasing u
-     WHERE l.instance_id = u.instance_id
-    RETURNING 1
 ), staged AS (
     INSERT INTO outbox_event (event_id, instance_id, sequence, ordinal, type, schema_version,
                               partition_key, payload, staged_at)
@@ -247,7 +225,6 @@ def batch_params(commits: list[StepCommit]) -> dict[str, Any]:
             "states",
             "errors",
             "nows",
-            "releases",
             "event_commit",
             "event_ordinals",
             "event_ids",
@@ -276,7 +253,6 @@ def batch_params(commits: list[StepCommit]) -> dict[str, Any]:
         p["states"].append(c.state.value if c.state else None)
         p["errors"].append(c.error)
         p["nows"].append(c.now)
-        p["releases"].append(c.release_lease)
         for ordinal, e in enumerate(c.events):
             p["event_commit"].append(ord_)
             p["event_ordinals"].append(ordinal)

@@ -6,7 +6,6 @@ commit, the hot path, lives in ``commit.py``.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any, Final, LiteralString
@@ -26,7 +25,9 @@ from flowx.stores.errors import FencedOut, UnknownInstance
 from flowx.stores.postgres.changes import PostgresChanges
 from flowx.stores.postgres.claims import claim_queued
 from flowx.stores.postgres.commit import GroupCommitter, commit_one
-from flowx.stores.postgres.database import DedicatedConnection, PostgresDatabase, redact
+from flowx.stores.postgres.creates import GroupCreator
+from flowx.stores.postgres.database import PostgresDatabase, redact
+from flowx.stores.postgres.leases import PostgresLeaseStore
 from flowx.stores.postgres.notify import WORK, Listener, Notifier
 from flowx.stores.postgres.outbox import PostgresOutbox
 from flowx.stores.postgres.rows import candidates
@@ -45,7 +46,6 @@ from flowx.stores.records import (
     StepCommit,
     StepRecord,
 )
-from flowx.stores.renewal import renew_one
 
 # Primary key.
 SELECT_INSTANCE: Final[LiteralString] = (
@@ -108,48 +108,6 @@ WAKE_PARENT: Final[LiteralString] = (
     "AND wake_step_id = %(step_id)s AND wake_scope = %(scope)s"
 )
 
-# Acquire, and raise the instance's fence to the new token in the same statement (R2.4).
-# The token is above every token issued for the instance, above the caller's floor, and above
-# the journal's fence. ON CONFLICT ... WHERE leaves a live lease alone: no row, `None`.
-# Time is the server's unless the caller pins it (`t`; R9.2): a node whose clock runs ahead
-# must not see a live lease as expired. now() is the statement's start in autocommit.
-# Only an expired lease row is locked, and only if no other acquirer holds it (`mine`): a
-# live lease, or one another node is taking, is a lost race at once. A probe of a live lease
-# thus locks nothing and writes nothing, so it never holds up its owner's renewal for a
-# commit's flush, and two nodes sweeping the same instances never queue on each other — both
-# a whole commit long under a slow disk (R9.1).
-ACQUIRE: Final[LiteralString] = """
-WITH t AS (
-    SELECT coalesce(%(now)s::timestamptz, now()) AS now
-), mine AS (
-    SELECT 1 FROM flow_lease, t
-     WHERE instance_id = %(instance_id)s AND expires_at <= t.now
-       FOR UPDATE OF flow_lease SKIP LOCKED
-), floor AS (
-    SELECT greatest(%(floor)s::bigint,
-                    coalesce((SELECT fence FROM flow_instance
-                               WHERE instance_id = %(instance_id)s), 0)) AS f
-), granted AS (
-    INSERT INTO flow_lease AS l (instance_id, owner_node, fencing_token, expires_at, acquired_at)
-    SELECT %(instance_id)s, %(owner)s, floor.f + 1, t.now + %(ttl)s::interval, t.now
-      FROM floor, t
-     WHERE EXISTS (SELECT 1 FROM mine)
-        OR NOT EXISTS (SELECT 1 FROM flow_lease WHERE instance_id = %(instance_id)s)
-    ON CONFLICT (instance_id) DO UPDATE
-       SET owner_node = excluded.owner_node,
-           fencing_token = greatest(l.fencing_token + 1, excluded.fencing_token),
-           expires_at = excluded.expires_at,
-           acquired_at = excluded.acquired_at
-     WHERE l.expires_at <= excluded.acquired_at
-    RETURNING fencing_token, expires_at
-), fenced AS (
-    UPDATE flow_instance f SET fence = g.fencing_token
-      FROM granted g
-     WHERE f.instance_id = %(instance_id)s AND f.fence < g.fencing_token
-    RETURNING 1
-)
-SELECT fencing_token, expires_at FROM granted
-"""
 # A new instance's lease and its row in one statement (LeasedCreate). The instance takes the
 # granted token as its fence; an existing instance (same id or key) is left untouched.
 CREATE_LEASED: Final[LiteralString] = (
@@ -186,37 +144,6 @@ SELECT g.fencing_token AS lease_token, g.expires_at AS lease_expires,
   FROM granted g LEFT JOIN created c ON true
 """
 )
-# Every lease a node holds, renewed in one statement (R9.1); primary key per row. A lease
-# whose token is stale or that has expired is not in the result.
-# The rows are locked in id order first, as a batch of terminal commits locks the leases it
-# ends (commit.py): the two never wait on each other in a cycle.
-RENEW_MANY: Final[LiteralString] = """
-WITH t AS (
-    SELECT coalesce(%(now)s::timestamptz, now()) AS now
-), held AS (
-    SELECT l.instance_id
-      FROM flow_lease l, t, unnest(%(ids)s::uuid[], %(tokens)s::bigint[]) AS r(instance_id, token)
-     WHERE l.instance_id = r.instance_id AND l.fencing_token = r.token AND l.expires_at > t.now
-     ORDER BY l.instance_id
-       FOR UPDATE OF l
-)
-UPDATE flow_lease l SET expires_at = t.now + %(ttl)s::interval
-  FROM t, held h
- WHERE l.instance_id = h.instance_id
-RETURNING l.instance_id::text, l.expires_at
-"""
-RELEASE: Final[LiteralString] = (
-    "UPDATE flow_lease SET expires_at = coalesce(%(now)s::timestamptz, now()) "
-    "WHERE instance_id = %(instance_id)s AND fencing_token = %(token)s "
-    "AND expires_at > coalesce(%(now)s::timestamptz, now()) "
-    # Whether the instance is left for any node to take (a queued start, a hand-back): then
-    # the release, not the commit before it, is the moment to wake a worker elsewhere.
-    "RETURNING (SELECT state = 'Pending' FROM flow_instance WHERE instance_id = %(instance_id)s)"
-)
-CURRENT_LEASE: Final[LiteralString] = (
-    "SELECT owner_node, fencing_token, expires_at FROM flow_lease WHERE instance_id = %s"
-)
-
 # flow_instance_abandoned_idx: a range scan in (updated_at, instance_id) order, no sort.
 # The cutoff is the server's clock less the idle time unless the caller pins it (R9.2).
 FIND_ABANDONED: Final[LiteralString] = (
@@ -285,6 +212,7 @@ class PostgresJournal:
     ) -> None:
         self._db = db
         self._group = GroupCommitter(db)
+        self._creates = GroupCreator(db, self.create_one, existing)
         self._notifier = notifier
         self._work = work
 
@@ -304,6 +232,13 @@ class PostgresJournal:
     async def create_leased(
         self, instance: NewInstance, *, owner: str, ttl: timedelta, now: datetime | None
     ) -> tuple[Lease | None, CreateResult | None]:
+        # Concurrent starts share statements (creates.py), as commits do.
+        return await self._creates.create(instance, owner=owner, ttl=ttl, now=now)
+
+    async def create_one(
+        self, instance: NewInstance, *, owner: str, ttl: timedelta, now: datetime | None
+    ) -> tuple[Lease | None, CreateResult | None]:
+        """One start's lease and row in a statement of its own."""
         params = {**create_params(instance, 0, now), "owner": owner, "ttl": ttl}
         async with self._db.connection() as conn:
             cur = conn.cursor(row_factory=dict_row)
@@ -403,89 +338,6 @@ class PostgresJournal:
             return tuple(EventRecord(**r) for r in rows)
 
 
-class PostgresLeaseStore:
-    """``LeaseStore`` on ``flow_lease``: INSERT or UPDATE, never DELETE (R3.1).
-
-    Renewals go over a connection of their own, outside the pool: a node's one renewal
-    statement per interval never waits behind step commits for a pooled connection, which is
-    what lost live leases when every commit was slow (a slow disk; R9.1).
-    """
-
-    def __init__(self, db: PostgresDatabase, work: Notifier | None = None) -> None:
-        self._db = db
-        self._work = work
-        # Renewals commit without waiting for their WAL flush: a slow disk (an fsync of a
-        # fifth of the TTL) would otherwise make each renewal take two flushes and live
-        # leases run out (R9.1). What a server crash can lose is the last renewals, so the
-        # store may end a lease up to a renewal interval before its holder stops starting
-        # capabilities: exactly a zombie's case, and the fence (raised by the next
-        # acquisition, which always commits synchronously) refuses its writes (R2.4).
-        self._renewals = DedicatedConnection(db, "lease renewals", asynchronous=True)
-
-    async def acquire(
-        self,
-        instance_id: str,
-        *,
-        owner: str,
-        ttl: timedelta,
-        now: datetime | None,
-        floor: int = 0,
-    ) -> Lease | None:
-        params = {
-            "instance_id": instance_id,
-            "owner": owner,
-            "now": now,
-            "ttl": ttl,
-            "floor": floor,
-        }
-        async with self._db.connection() as conn:
-            row = await (await conn.execute(ACQUIRE, params, prepare=True)).fetchone()
-        if row is None:
-            return None
-        return Lease(instance_id=instance_id, owner=owner, token=int(row[0]), expires_at=row[1])
-
-    async def renew(self, lease: Lease, *, ttl: timedelta, now: datetime | None) -> Lease:
-        return await renew_one(self, lease, ttl=ttl, now=now)
-
-    async def renew_many(
-        self, leases: Sequence[Lease], *, ttl: timedelta, now: datetime | None
-    ) -> Sequence[Lease | None]:
-        if not leases:
-            return []
-        params = {
-            "ids": [lease.instance_id for lease in leases],
-            "tokens": [lease.token for lease in leases],
-            "ttl": ttl,
-            "now": now,
-        }
-        async with self._renewals.connection() as conn:
-            rows = await (await conn.execute(RENEW_MANY, params, prepare=True)).fetchall()
-        expiry = {str(r[0]): r[1] for r in rows}
-        return [
-            dataclasses.replace(lease, expires_at=expiry[lease.instance_id])
-            if lease.instance_id in expiry
-            else None
-            for lease in leases
-        ]
-
-    async def release(self, lease: Lease, *, now: datetime | None) -> None:
-        params = {"instance_id": lease.instance_id, "token": lease.token, "now": now}
-        async with self._db.connection() as conn:
-            row = await (await conn.execute(RELEASE, params, prepare=True)).fetchone()
-        if row is not None and row[0] and self._work is not None:
-            self._work.mark()
-
-    async def current(self, instance_id: str) -> Lease | None:
-        async with self._db.connection() as conn:
-            row = await (await conn.execute(CURRENT_LEASE, (instance_id,))).fetchone()
-        if row is None:
-            return None
-        return Lease(instance_id=instance_id, owner=row[0], token=int(row[1]), expires_at=row[2])
-
-    async def close(self) -> None:
-        await self._renewals.close()
-
-
 class PostgresRecoveryIndex:
     """``RecoveryIndex``: two index-ordered queries, bounded, no sort (R3.4)."""
 
@@ -556,11 +408,6 @@ class PostgresStores:
     ) -> list[tuple[Lease, History]]:
         """``QueueClaims``: a page of Pending instances leased and opened in one statement."""
         return await claim_queued(self.db, owner=owner, ttl=ttl, limit=limit, flows=flows, now=now)
-
-    def commit_releases_lease(self) -> bool:
-        """``CommitReleases``: the journal keeps the leases, so a terminal commit ends its
-        run's lease in its own write."""
-        return True
 
     async def create_leased(
         self, instance: NewInstance, *, owner: str, ttl: timedelta, now: datetime | None

@@ -279,3 +279,34 @@ class LeaseStoreConformance:
         for n, i in enumerate(many):
             expected = at(5) if n % 2 == 0 else at(30)
             assert (await stores.leases.current(i)).expires_at == expected, n
+
+    async def test_leased_creates_at_once_each_get_their_own_outcome(self, stores: Any) -> None:
+        """Starts that arrive together (group-created on PostgreSQL) each get their lease and
+        row; one whose lease is live elsewhere gets neither; one whose key already has a row
+        gets its lease and that row."""
+        declared: object = stores
+        if not isinstance(declared, LeasedCreate):
+            pytest.skip("this store does not declare LeasedCreate")
+        held = new_id()
+        assert await stores.leases.acquire(held, owner="other", ttl=TTL, now=at(0)) is not None
+        known = instance(new_id(), idempotency_key="together-1")
+        first, made = await declared.create_leased(known, owner="n0", ttl=TTL, now=at(0))
+        assert first is not None and made is not None and made.created
+        await stores.leases.release(first, now=at(0))
+        fresh = [instance(new_id(), input=f'{{"n":{n}}}') for n in range(20)]
+        again = instance(new_id(), idempotency_key="together-1")
+        starts = [*fresh, instance(held), again]
+        outcomes = await asyncio.gather(
+            *(declared.create_leased(s, owner="n1", ttl=TTL, now=at(1)) for s in starts)
+        )
+        for start, (lease, result) in zip(fresh, outcomes, strict=False):
+            assert lease is not None and result is not None and result.created
+            assert result.instance.instance_id == start.instance_id
+            assert result.instance.input == start.input
+            assert result.instance.fence == lease.token
+            assert (await stores.leases.current(start.instance_id)).owner == "n1"
+        assert outcomes[-2] == (None, None)
+        assert await stores.journal.get(held) is None
+        lease, existing = outcomes[-1]
+        assert lease is not None and existing is not None and not existing.created
+        assert existing.instance.instance_id == known.instance_id

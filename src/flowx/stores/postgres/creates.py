@@ -1,0 +1,234 @@
+"""Starts group-created the way step commits are (R6.2): lease and row, many in one statement.
+
+``CREATE_LEASED`` (store.py) takes one start's lease and writes its row in one statement: one
+transaction, one WAL flush, per start. Under load starts arrive together, as commits do, and
+``CREATE_LEASED_BATCH`` writes them all in one: the leases in one upsert, the rows in one
+insert, each row fenced by its own lease's token. A start whose lease is live elsewhere gets no
+lease and no row (its caller waits for the row, as for a single start); one whose id or key
+already has a row gets its lease and the existing row.
+
+As in the commit batcher, a start goes out at once when nothing is in flight, batches form
+only behind earlier ones, one id never appears twice in a batch, and a batch that fails on one
+start's data is retried start by start so that only that start fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
+from typing import Any, Final, LiteralString, Protocol
+
+from psycopg.rows import dict_row
+
+from flowx.stores.columns import CREATE_COLUMNS, INSTANCE_COLUMNS, instance_of
+from flowx.stores.postgres.commit import isolatable
+from flowx.stores.postgres.database import PostgresDatabase
+from flowx.stores.records import CreateResult, InstanceRecord, Lease, NewInstance
+
+log = logging.getLogger("flowx.postgres")
+
+# Leases locked and rows inserted in id order, so two nodes' batches cannot deadlock.
+CREATE_LEASED_BATCH: Final[LiteralString] = (
+    """
+WITH input AS (
+    SELECT * FROM unnest(
+        %(instance_ids)s::uuid[], %(flow_ids)s::text[], %(flow_versions)s::text[],
+        %(tenant_ids)s::text[], %(states)s::text[], %(inputs)s::text[], %(state_bags)s::text[],
+        %(keys)s::text[], %(correlations)s::text[], %(deadlines)s::timestamptz[],
+        %(parents)s::uuid[], %(parent_scopes)s::text[], %(parent_steps)s::int[],
+        %(codecs)s::int[]
+    ) WITH ORDINALITY AS i(instance_id, flow_id, flow_version, tenant_id, state, input,
+                           state_bag, idempotency_key, correlation_id, deadline_at,
+                           parent_instance_id, parent_scope, parent_step_id, codec_version, ord)
+), t AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), granted AS (
+    INSERT INTO flow_lease AS l (instance_id, owner_node, fencing_token, expires_at, acquired_at)
+    SELECT i.instance_id, %(owner)s, 1, t.now + %(ttl)s::interval, t.now
+      FROM input i, t
+     ORDER BY i.instance_id
+    ON CONFLICT (instance_id) DO UPDATE
+       SET owner_node = excluded.owner_node,
+           fencing_token = l.fencing_token + 1,
+           expires_at = excluded.expires_at,
+           acquired_at = excluded.acquired_at
+     WHERE l.expires_at <= excluded.acquired_at
+    RETURNING instance_id, fencing_token, expires_at, acquired_at
+), created AS (
+    INSERT INTO flow_instance ("""
+    + CREATE_COLUMNS
+    + """)
+    SELECT i.instance_id, i.flow_id, i.flow_version, i.tenant_id, i.state, g.fencing_token,
+           i.input::json, i.state_bag::json, i.idempotency_key, i.correlation_id, i.deadline_at,
+           i.parent_instance_id, i.parent_scope, i.parent_step_id, i.codec_version,
+           g.acquired_at, g.acquired_at
+      FROM input i JOIN granted g ON g.instance_id = i.instance_id
+     ORDER BY i.instance_id
+    ON CONFLICT DO NOTHING
+    RETURNING """
+    + INSTANCE_COLUMNS
+    + """
+)
+SELECT i.ord, g.fencing_token AS lease_token, g.expires_at AS lease_expires, c.*
+  FROM input i
+  LEFT JOIN granted g ON g.instance_id = i.instance_id
+  LEFT JOIN created c ON c.instance_id = i.instance_id
+ ORDER BY i.ord
+"""
+)
+
+Created = tuple[Lease | None, CreateResult | None]
+_Item = tuple[NewInstance, "asyncio.Future[Created]"]
+_Key = tuple[str, timedelta, datetime | None]
+
+
+class Single(Protocol):
+    """One start in a statement of its own (``PostgresJournal.create_one``)."""
+
+    async def __call__(
+        self, instance: NewInstance, *, owner: str, ttl: timedelta, now: datetime | None
+    ) -> Created: ...
+
+
+#: The row a start's id or key already has, read on the batch's cursor.
+Existing = Callable[[Any, NewInstance], Awaitable[InstanceRecord]]
+
+
+def batch_params(
+    instances: list[NewInstance], *, owner: str, ttl: timedelta, now: datetime | None
+) -> dict[str, Any]:
+    return {
+        "instance_ids": [i.instance_id for i in instances],
+        "flow_ids": [i.flow_id for i in instances],
+        "flow_versions": [i.flow_version for i in instances],
+        "tenant_ids": [i.tenant_id for i in instances],
+        "states": [i.state.value for i in instances],
+        "inputs": [i.input for i in instances],
+        "state_bags": [i.state_bag for i in instances],
+        "keys": [i.idempotency_key for i in instances],
+        "correlations": [i.correlation_id for i in instances],
+        "deadlines": [i.deadline_at for i in instances],
+        "parents": [i.parent_instance_id for i in instances],
+        "parent_scopes": [i.parent_scope for i in instances],
+        "parent_steps": [i.parent_step_id for i in instances],
+        "codecs": [i.codec_version for i in instances],
+        "owner": owner,
+        "ttl": ttl,
+        "now": now,
+    }
+
+
+class GroupCreator:
+    """Queues starts of one owner and lease TTL and sends them in batches, at most
+    ``max_inflight`` at a time. ``single`` writes one start alone (the one-start statement,
+    and the fallback when a batch fails on one start's data); ``existing`` reads the row a
+    start's id or key already has."""
+
+    def __init__(
+        self,
+        db: PostgresDatabase,
+        single: Single,
+        existing: Existing,
+        *,
+        max_batch: int = 256,
+        max_inflight: int = 4,
+    ) -> None:
+        self._db = db
+        self._single = single
+        self._existing = existing
+        self._max_batch = max_batch
+        self._max_inflight = max_inflight
+        self._pending: deque[tuple[_Key, _Item]] = deque()
+        self._inflight = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.batches = 0
+        self.batched_starts = 0
+
+    async def create(
+        self, instance: NewInstance, *, owner: str, ttl: timedelta, now: datetime | None
+    ) -> Created:
+        future: asyncio.Future[Created] = asyncio.get_running_loop().create_future()
+        self._pending.append(((owner, ttl, now), (instance, future)))
+        self._dispatch()
+        return await future
+
+    def _dispatch(self) -> None:
+        while self._pending and self._inflight < self._max_inflight:
+            key, batch = self._take()
+            self._inflight += 1
+            task = asyncio.get_running_loop().create_task(self._run(key, batch))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    def _take(self) -> tuple[_Key, list[_Item]]:
+        """The oldest start and those queued behind it with the same owner, TTL and time,
+        each id once."""
+        key = self._pending[0][0]
+        batch: list[_Item] = []
+        seen: set[str] = set()
+        kept: deque[tuple[_Key, _Item]] = deque()
+        while self._pending and len(batch) < self._max_batch:
+            entry = self._pending.popleft()
+            if entry[0] != key or entry[1][0].instance_id in seen:
+                kept.append(entry)
+                continue
+            seen.add(entry[1][0].instance_id)
+            batch.append(entry[1])
+        self._pending.extendleft(reversed(kept))
+        return key, batch
+
+    async def _run(self, key: _Key, batch: list[_Item]) -> None:
+        try:
+            await self._execute(key, batch)
+        except BaseException as exc:
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+        finally:
+            self._inflight -= 1
+            self._dispatch()
+
+    async def _execute(self, key: _Key, batch: list[_Item]) -> None:
+        owner, ttl, now = key
+        if len(batch) > 1:
+            params = batch_params([i for i, _ in batch], owner=owner, ttl=ttl, now=now)
+            async with self._db.connection() as conn:
+                cur = conn.cursor(row_factory=dict_row)
+                try:
+                    rows = await (await cur.execute(CREATE_LEASED_BATCH, params)).fetchall()
+                except Exception as exc:
+                    if not isolatable(exc):
+                        raise
+                    log.debug("group create of %d fell back to single starts: %s", len(batch), exc)
+                    rows = None
+                if rows is not None:
+                    self.batches += 1
+                    self.batched_starts += len(batch)
+                    for (instance, future), row in zip(batch, rows, strict=True):
+                        if not future.done():
+                            future.set_result(await self._outcome(cur, instance, owner, row))
+                    return
+        for instance, future in batch:
+            if future.done():
+                continue
+            try:
+                future.set_result(await self._single(instance, owner=owner, ttl=ttl, now=now))
+            except Exception as exc:
+                future.set_exception(exc)
+
+    async def _outcome(
+        self, cur: Any, instance: NewInstance, owner: str, row: dict[str, Any]
+    ) -> Created:
+        row.pop("ord")
+        token, expires = row.pop("lease_token"), row.pop("lease_expires")
+        if token is None:
+            return None, None  # its lease is live elsewhere: another start of this id
+        lease = Lease(
+            instance_id=instance.instance_id, owner=owner, token=int(token), expires_at=expires
+        )
+        if row["instance_id"] is not None:
+            return lease, CreateResult(instance=instance_of(row), created=True)
+        return lease, CreateResult(instance=await self._existing(cur, instance), created=False)
