@@ -66,6 +66,16 @@ def check_tree(tree: Path) -> None:
         raise SystemExit(f"{src} is not what gets imported ({where}); pass a checkout's root")
 
 
+def revision(tree: Path) -> str:
+    """The commit ``tree`` has checked out (what the figures belong to)."""
+    return subprocess.run(
+        ["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", required=True, type=Path, help="the old checkout (its root)")
@@ -75,6 +85,7 @@ def main() -> None:
     parser.add_argument("--instances", type=int, default=500)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--concurrency", default="1,16,64")
+    parser.add_argument("--out", type=Path, default=None, help="JSON path (default: results/)")
     args = parser.parse_args()
     check_tree(args.before)
     check_tree(args.after)
@@ -113,10 +124,12 @@ def main() -> None:
         "steps": args.steps,
         "before": str(args.before),
         "after": str(args.after),
+        "before_commit": revision(args.before),
+        "after_commit": revision(args.after),
         "levels": table,
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / f"journal_throughput-ab-{backend}-{args.steps}steps.json"
+    out = args.out or RESULTS / f"journal_throughput-ab-{backend}-{args.steps}steps.json"
     out.write_text(json.dumps(record, indent=2) + "\n")
     print(f"B7 before/after on {backend}, {args.rounds} interleaved rounds, step-commits/s")
     print(f"{'concurrency':>12} {'before':>10} {'after':>10} {'after/before':>13} {'range':>14}")
