@@ -19,6 +19,7 @@ from psycopg.rows import dict_row
 
 from flowx.stores.columns import INSTANCE_COLUMNS, STEP_COLUMNS, instance_of, step_of
 from flowx.stores.postgres.database import PostgresDatabase
+from flowx.stores.postgres.leases import GRANT_OVER_EXPIRED
 from flowx.stores.records import History, Lease, StepRecord
 
 _F_COLUMNS: Final = ", ".join(f"f.{c.strip()}" for c in INSTANCE_COLUMNS.split(","))
@@ -43,13 +44,9 @@ WITH t AS (
     INSERT INTO flow_lease AS l (instance_id, owner_node, fencing_token, expires_at, acquired_at)
     SELECT p.instance_id, %(owner)s, p.fence + 1, t.now + %(ttl)s::interval, t.now
       FROM picked p, t
-    ON CONFLICT (instance_id) DO UPDATE
-       SET owner_node = excluded.owner_node,
-           fencing_token = greatest(l.fencing_token + 1, excluded.fencing_token),
-           expires_at = excluded.expires_at,
-           acquired_at = excluded.acquired_at
-     WHERE l.expires_at <= excluded.acquired_at
-    RETURNING instance_id, fencing_token, expires_at
+"""
+    + GRANT_OVER_EXPIRED
+    + """    RETURNING instance_id, fencing_token, expires_at
 ), opened AS (
     UPDATE flow_instance f
        SET fence = g.fencing_token, resume_count = f.resume_count + 1, state = 'Running',

@@ -26,6 +26,7 @@ from psycopg.rows import dict_row
 from flowx.stores.columns import CREATE_COLUMNS, INSTANCE_COLUMNS, instance_of
 from flowx.stores.postgres.commit import isolatable
 from flowx.stores.postgres.database import PostgresDatabase
+from flowx.stores.postgres.leases import GRANT_OVER_EXPIRED
 from flowx.stores.records import CreateResult, InstanceRecord, Lease, NewInstance
 
 log = logging.getLogger("flowx.postgres")
@@ -50,13 +51,9 @@ WITH input AS (
     SELECT i.instance_id, %(owner)s, 1, t.now + %(ttl)s::interval, t.now
       FROM input i, t
      ORDER BY i.instance_id
-    ON CONFLICT (instance_id) DO UPDATE
-       SET owner_node = excluded.owner_node,
-           fencing_token = l.fencing_token + 1,
-           expires_at = excluded.expires_at,
-           acquired_at = excluded.acquired_at
-     WHERE l.expires_at <= excluded.acquired_at
-    RETURNING instance_id, fencing_token, expires_at, acquired_at
+"""
+    + GRANT_OVER_EXPIRED
+    + """    RETURNING instance_id, fencing_token, expires_at, acquired_at
 ), created AS (
     INSERT INTO flow_instance ("""
     + CREATE_COLUMNS

@@ -17,6 +17,18 @@ from flowx.stores.postgres.releases import ReleaseBatcher
 from flowx.stores.records import Lease
 from flowx.stores.renewal import renew_one
 
+# How every grant (ACQUIRE, CREATE_LEASED, the batched creates, the queue claim) takes over
+# an existing lease row, inserted as ``flow_lease AS l``: only an expired lease is taken, and
+# its token rises above every one issued for the instance and above the one inserted.
+GRANT_OVER_EXPIRED: Final[LiteralString] = """
+    ON CONFLICT (instance_id) DO UPDATE
+       SET owner_node = excluded.owner_node,
+           fencing_token = greatest(l.fencing_token + 1, excluded.fencing_token),
+           expires_at = excluded.expires_at,
+           acquired_at = excluded.acquired_at
+     WHERE l.expires_at <= excluded.acquired_at
+"""
+
 # Acquire, and raise the instance's fence to the new token in the same statement (R2.4).
 # The token is above every token issued for the instance, above the caller's floor, and above
 # the journal's fence. ON CONFLICT ... WHERE leaves a live lease alone: no row, `None`.
@@ -27,7 +39,8 @@ from flowx.stores.renewal import renew_one
 # thus locks nothing and writes nothing, so it never holds up its owner's renewal for a
 # commit's flush, and two nodes sweeping the same instances never queue on each other — both
 # a whole commit long under a slow disk (R9.1).
-ACQUIRE: Final[LiteralString] = """
+ACQUIRE: Final[LiteralString] = (
+    """
 WITH t AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ), mine AS (
@@ -44,13 +57,9 @@ WITH t AS (
       FROM floor, t
      WHERE EXISTS (SELECT 1 FROM mine)
         OR NOT EXISTS (SELECT 1 FROM flow_lease WHERE instance_id = %(instance_id)s)
-    ON CONFLICT (instance_id) DO UPDATE
-       SET owner_node = excluded.owner_node,
-           fencing_token = greatest(l.fencing_token + 1, excluded.fencing_token),
-           expires_at = excluded.expires_at,
-           acquired_at = excluded.acquired_at
-     WHERE l.expires_at <= excluded.acquired_at
-    RETURNING fencing_token, expires_at
+"""
+    + GRANT_OVER_EXPIRED
+    + """    RETURNING fencing_token, expires_at
 ), fenced AS (
     UPDATE flow_instance f SET fence = g.fencing_token
       FROM granted g
@@ -59,6 +68,7 @@ WITH t AS (
 )
 SELECT fencing_token, expires_at FROM granted
 """
+)
 # Every lease a node holds, renewed in one statement (R9.1); primary key per row. A lease
 # whose token is stale or that has expired is not in the result.
 RENEW_MANY: Final[LiteralString] = """

@@ -27,7 +27,7 @@ from flowx.stores.postgres.claims import claim_queued
 from flowx.stores.postgres.commit import GroupCommitter, commit_one
 from flowx.stores.postgres.creates import GroupCreator
 from flowx.stores.postgres.database import PostgresDatabase, redact
-from flowx.stores.postgres.leases import PostgresLeaseStore
+from flowx.stores.postgres.leases import GRANT_OVER_EXPIRED, PostgresLeaseStore
 from flowx.stores.postgres.notify import WORK, Listener, Notifier
 from flowx.stores.postgres.outbox import PostgresOutbox
 from flowx.stores.postgres.rows import candidates
@@ -117,13 +117,9 @@ WITH t AS (
 ), granted AS (
     INSERT INTO flow_lease AS l (instance_id, owner_node, fencing_token, expires_at, acquired_at)
     SELECT %(instance_id)s, %(owner)s, 1, t.now + %(ttl)s::interval, t.now FROM t
-    ON CONFLICT (instance_id) DO UPDATE
-       SET owner_node = excluded.owner_node,
-           fencing_token = l.fencing_token + 1,
-           expires_at = excluded.expires_at,
-           acquired_at = excluded.acquired_at
-     WHERE l.expires_at <= excluded.acquired_at
-    RETURNING fencing_token, expires_at, acquired_at
+"""
+    + GRANT_OVER_EXPIRED
+    + """    RETURNING fencing_token, expires_at, acquired_at
 ), created AS (
     INSERT INTO flow_instance ("""
     + CREATE_COLUMNS
