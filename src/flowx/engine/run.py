@@ -248,12 +248,23 @@ class Run:
     # -- state and history ----------------------------------------------------------------
 
     def applied(self, into: str | None, value: Any) -> BaseModel:
-        """The state with ``value`` in field ``into`` (validated), not yet committed."""
+        """The state with ``value`` in field ``into`` (validated), not yet committed.
+
+        Only that field is validated, as an assignment to a copy is (its field validators and
+        the model's own validators run; the other fields were validated when they were set).
+        Re-validating the whole state per step would make replaying an instance of N rows
+        cost N times its state (issue 14 item 6). A frozen state model cannot be assigned
+        to: it is rebuilt whole, as before."""
         if into is None:
             return self.state
-        data = self.state.model_dump(mode="json")
-        data[into] = value
-        return self.plan.state_model.model_validate(data)
+        model = self.plan.state_model
+        if model.model_config.get("frozen"):
+            data = self.state.model_dump(mode="json")
+            data[into] = value
+            return model.model_validate(data)
+        fresh = self.state.model_copy()
+        model.__pydantic_validator__.validate_assignment(fresh, into, value)
+        return fresh
 
     def replay_done(
         self, node: StepNode | SubFlowNode, scope: str, row: StepRecord, argument: Any
