@@ -7,29 +7,25 @@ insert, each row fenced by its own lease's token. A start whose lease is live el
 lease and no row (its caller waits for the row, as for a single start); one whose id or key
 already has a row gets its lease and the existing row.
 
-As in the commit batcher, a start goes out at once when nothing is in flight, batches form
-only behind earlier ones, one id never appears twice in a batch, and a batch that fails on one
-start's data is retried start by start so that only that start fails.
+Batched as commits are (``batching.Batcher``): a start goes out at once when nothing is in
+flight, one id never appears twice in a batch, and a batch that fails on one start's data is
+retried start by start so that only that start fails.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
-from collections import deque
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final, LiteralString, Protocol
 
 from psycopg.rows import dict_row
 
 from flowx.stores.columns import CREATE_COLUMNS, INSTANCE_COLUMNS, instance_of
-from flowx.stores.postgres.commit import isolatable
+from flowx.stores.postgres.batching import Batcher
 from flowx.stores.postgres.database import PostgresDatabase
 from flowx.stores.postgres.leases import GRANT_OVER_EXPIRED
 from flowx.stores.records import CreateResult, InstanceRecord, Lease, NewInstance
-
-log = logging.getLogger("flowx.postgres")
 
 # Leases locked and rows inserted in id order, so two nodes' batches cannot deadlock.
 CREATE_LEASED_BATCH: Final[LiteralString] = (
@@ -78,8 +74,6 @@ SELECT i.ord, g.fencing_token AS lease_token, g.expires_at AS lease_expires, c.*
 )
 
 Created = tuple[Lease | None, CreateResult | None]
-_Item = tuple[NewInstance, "asyncio.Future[Created]"]
-_Key = tuple[str, timedelta, datetime | None]
 
 
 class Single(Protocol):
@@ -118,103 +112,50 @@ def batch_params(
     }
 
 
-class GroupCreator:
-    """Queues starts of one owner and lease TTL and sends them in batches, at most
-    ``max_inflight`` at a time. ``single`` writes one start alone (the one-start statement,
-    and the fallback when a batch fails on one start's data); ``existing`` reads the row a
-    start's id or key already has."""
+@dataclass(frozen=True, slots=True)
+class Start:
+    instance: NewInstance
+    owner: str
+    ttl: timedelta
+    now: datetime | None
 
-    def __init__(
-        self,
-        db: PostgresDatabase,
-        single: Single,
-        existing: Existing,
-        *,
-        max_batch: int = 256,
-        max_inflight: int = 4,
-    ) -> None:
+
+class GroupCreator:
+    """Starts batched (``batching.Batcher``) by owner, TTL and time, each id once a batch.
+    ``single`` writes one start alone (the one-start statement, and the fallback when a batch
+    fails on one start's data); ``existing`` reads the row a start's id or key already has."""
+
+    def __init__(self, db: PostgresDatabase, single: Single, existing: Existing) -> None:
         self._db = db
         self._single = single
         self._existing = existing
-        self._max_batch = max_batch
-        self._max_inflight = max_inflight
-        self._pending: deque[tuple[_Key, _Item]] = deque()
-        self._inflight = 0
-        self._tasks: set[asyncio.Task[None]] = set()
-        self.batches = 0
-        self.batched_starts = 0
+        self._batcher: Batcher[Start, Created] = Batcher(
+            self._one,
+            self._many,
+            key=lambda s: s.instance.instance_id,
+            group=lambda s: (s.owner, s.ttl, s.now),
+        )
 
     async def create(
         self, instance: NewInstance, *, owner: str, ttl: timedelta, now: datetime | None
     ) -> Created:
-        future: asyncio.Future[Created] = asyncio.get_running_loop().create_future()
-        self._pending.append(((owner, ttl, now), (instance, future)))
-        self._dispatch()
-        return await future
+        return await self._batcher.submit(Start(instance, owner, ttl, now))
 
-    def _dispatch(self) -> None:
-        while self._pending and self._inflight < self._max_inflight:
-            key, batch = self._take()
-            self._inflight += 1
-            task = asyncio.get_running_loop().create_task(self._run(key, batch))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+    async def _one(self, start: Start) -> Created:
+        return await self._single(start.instance, owner=start.owner, ttl=start.ttl, now=start.now)
 
-    def _take(self) -> tuple[_Key, list[_Item]]:
-        """The oldest start and those queued behind it with the same owner, TTL and time,
-        each id once."""
-        key = self._pending[0][0]
-        batch: list[_Item] = []
-        seen: set[str] = set()
-        kept: deque[tuple[_Key, _Item]] = deque()
-        while self._pending and len(batch) < self._max_batch:
-            entry = self._pending.popleft()
-            if entry[0] != key or entry[1][0].instance_id in seen:
-                kept.append(entry)
-                continue
-            seen.add(entry[1][0].instance_id)
-            batch.append(entry[1])
-        self._pending.extendleft(reversed(kept))
-        return key, batch
-
-    async def _run(self, key: _Key, batch: list[_Item]) -> None:
-        try:
-            await self._execute(key, batch)
-        except BaseException as exc:
-            for _, future in batch:
-                if not future.done():
-                    future.set_exception(exc)
-        finally:
-            self._inflight -= 1
-            self._dispatch()
-
-    async def _execute(self, key: _Key, batch: list[_Item]) -> None:
-        owner, ttl, now = key
-        if len(batch) > 1:
-            params = batch_params([i for i, _ in batch], owner=owner, ttl=ttl, now=now)
-            async with self._db.connection() as conn:
-                cur = conn.cursor(row_factory=dict_row)
-                try:
-                    rows = await (await cur.execute(CREATE_LEASED_BATCH, params)).fetchall()
-                except Exception as exc:
-                    if not isolatable(exc):
-                        raise
-                    log.debug("group create of %d fell back to single starts: %s", len(batch), exc)
-                    rows = None
-                if rows is not None:
-                    self.batches += 1
-                    self.batched_starts += len(batch)
-                    for (instance, future), row in zip(batch, rows, strict=True):
-                        if not future.done():
-                            future.set_result(await self._outcome(cur, instance, owner, row))
-                    return
-        for instance, future in batch:
-            if future.done():
-                continue
-            try:
-                future.set_result(await self._single(instance, owner=owner, ttl=ttl, now=now))
-            except Exception as exc:
-                future.set_exception(exc)
+    async def _many(self, starts: list[Start]) -> list[Created | Exception]:
+        first = starts[0]
+        params = batch_params(
+            [s.instance for s in starts], owner=first.owner, ttl=first.ttl, now=first.now
+        )
+        async with self._db.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            rows = await (await cur.execute(CREATE_LEASED_BATCH, params)).fetchall()
+            return [
+                await self._outcome(cur, s.instance, s.owner, row)
+                for s, row in zip(starts, rows, strict=True)
+            ]
 
     async def _outcome(
         self, cur: Any, instance: NewInstance, owner: str, row: dict[str, Any]

@@ -25,9 +25,11 @@ from flowx.stores.columns import (
     signal_of,
 )
 from flowx.stores.errors import FencedOut, InstanceFinished, UnknownInstance
+from flowx.stores.postgres.batching import Batcher
 from flowx.stores.postgres.database import PostgresDatabase
 from flowx.stores.postgres.notify import Notifier
 from flowx.stores.postgres.rows import candidates
+from flowx.stores.postgres.suspends import suspend_many
 from flowx.stores.records import (
     InstanceRecord,
     InstanceState,
@@ -150,8 +152,18 @@ class PostgresWaits:
     def __init__(self, db: PostgresDatabase, work: Notifier | None = None) -> None:
         self._db = db
         self._work = work
+        # Concurrent suspends share statements (suspends.py), as step commits do.
+        self._suspends: Batcher[SuspendCommit, bool] = Batcher(
+            self.suspend_one,
+            lambda commits: suspend_many(db, commits),
+            key=lambda c: c.instance_id,
+        )
 
     async def suspend(self, commit: SuspendCommit) -> bool:
+        return await self._suspends.submit(commit)
+
+    async def suspend_one(self, commit: SuspendCommit) -> bool:
+        """One suspend in a transaction of its own: the lock, then the seal."""
         wake = commit.wake
         params = {
             "instance_id": commit.instance_id,

@@ -149,6 +149,42 @@ class WaitStoreConformance(SignalConformance):
 
     # ------------------------------------------------------------------ timers
 
+    async def test_suspends_at_once_each_get_their_own_outcome(self, stores: Any) -> None:
+        """Suspends that arrive together (group-committed on PostgreSQL) are each sealed, or
+        not, or refused, exactly as alone: a signal already in the inbox stops only its own
+        seal unless consumed, a stale token only its own, an unknown instance only its own."""
+        sealing = [await _make(stores) for _ in range(12)]
+        signalled = await _make(stores)
+        kept = await stores.waits.signal(signalled, "go", "{}", key=None, now=at(1))
+        consumed = await _make(stores)
+        taken = await stores.waits.signal(consumed, "go", "{}", key=None, now=at(1))
+        stale = await _make(stores, token=3)
+        missing = new_id()
+        commits = [
+            *(_suspend(i, signal="go", state_bag=f'{{"n":{n}}}') for n, i in enumerate(sealing)),
+            _suspend(signalled, signal="go"),
+            _suspend(consumed, signal="go", consumed=(taken.seq,)),
+            _suspend(stale, token=2, signal="go"),
+            _suspend(missing, signal="go"),
+        ]
+        outcomes = await asyncio.gather(
+            *(stores.waits.suspend(c) for c in commits), return_exceptions=True
+        )
+        assert outcomes[:12] == [True] * 12
+        assert outcomes[12:14] == [False, True]
+        assert isinstance(outcomes[14], FencedOut) and isinstance(outcomes[15], UnknownInstance)
+        for n, iid in enumerate(sealing):
+            got = await stores.journal.get(iid)
+            assert (got.state, got.wake_signal, got.state_bag) == (
+                InstanceState.SUSPENDED,
+                "go",
+                f'{{"n":{n}}}',
+            )
+        assert (await stores.journal.get(signalled)).state is InstanceState.RUNNING
+        assert (await stores.journal.get(consumed)).state is InstanceState.SUSPENDED
+        assert (await stores.journal.get(stale)).state is InstanceState.RUNNING
+        assert kept.status == "kept"
+
     async def test_find_due_returns_due_suspended_instances_earliest_first(
         self, stores: Any
     ) -> None:

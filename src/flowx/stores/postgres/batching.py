@@ -1,0 +1,120 @@
+"""Group writes: what arrives while earlier batches are in flight goes out together (R6.2).
+
+The pattern of the step committer (commit.py), for the other writes of the hot path — starts
+(creates.py) and suspends (suspends.py): one write goes out at once, alone, when nothing is in
+flight; batches form only behind earlier ones, which is exactly when waiting costs nothing.
+One key never appears twice in a batch (a second write for one instance waits for the next).
+A batch that fails on one write's data (``isolatable``) is retried write by write, so only that
+write fails; any other failure (a lost connection: the outcome is unknown) fails the batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable, Hashable, Sequence
+from typing import Generic, TypeVar
+
+from flowx.stores.postgres.commit import isolatable
+
+log = logging.getLogger("flowx.postgres")
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class Batcher(Generic[T, R]):
+    """Queues writes and sends them ``max_batch`` at a time, ``max_inflight`` batches at once.
+
+    ``one`` sends one write alone; ``many`` sends a batch of two or more in one statement and
+    returns each write's outcome. ``key`` says which writes may not share a batch (the same
+    instance); ``group`` which may (the same owner and TTL, say): a batch is the oldest write
+    and those behind it of its group."""
+
+    def __init__(
+        self,
+        one: Callable[[T], Awaitable[R]],
+        many: Callable[[list[T]], Awaitable[Sequence[R | Exception]]],
+        *,
+        key: Callable[[T], Hashable],
+        group: Callable[[T], Hashable] = lambda _: None,
+        max_batch: int = 256,
+        max_inflight: int = 4,
+    ) -> None:
+        self._one, self._many = one, many
+        self._key, self._group = key, group
+        self._max_batch, self._max_inflight = max_batch, max_inflight
+        self._pending: deque[tuple[T, asyncio.Future[R]]] = deque()
+        self._inflight = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.batches = 0
+        self.batched = 0
+
+    async def submit(self, item: T) -> R:
+        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+        self._pending.append((item, future))
+        self._dispatch()
+        return await future
+
+    def _dispatch(self) -> None:
+        while self._pending and self._inflight < self._max_inflight:
+            batch = self._take()
+            self._inflight += 1
+            task = asyncio.get_running_loop().create_task(self._run(batch))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    def _take(self) -> list[tuple[T, asyncio.Future[R]]]:
+        group = self._group(self._pending[0][0])
+        batch: list[tuple[T, asyncio.Future[R]]] = []
+        seen: set[Hashable] = set()
+        kept: list[tuple[T, asyncio.Future[R]]] = []
+        while self._pending and len(batch) < self._max_batch:
+            entry = self._pending.popleft()
+            key = self._key(entry[0])
+            if key in seen or self._group(entry[0]) != group:
+                kept.append(entry)
+                continue
+            seen.add(key)
+            batch.append(entry)
+        self._pending.extendleft(reversed(kept))
+        return batch
+
+    async def _run(self, batch: list[tuple[T, asyncio.Future[R]]]) -> None:
+        try:
+            await self._execute(batch)
+        except BaseException as exc:
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+        finally:
+            self._inflight -= 1
+            self._dispatch()
+
+    async def _execute(self, batch: list[tuple[T, asyncio.Future[R]]]) -> None:
+        if len(batch) > 1:
+            try:
+                outcomes = await self._many([item for item, _ in batch])
+            except Exception as exc:
+                if not isolatable(exc):
+                    raise
+                log.debug("a batch of %d fell back to single writes: %s", len(batch), exc)
+            else:
+                self.batches += 1
+                self.batched += len(batch)
+                for (_, future), outcome in zip(batch, outcomes, strict=True):
+                    if future.done():
+                        continue
+                    if isinstance(outcome, Exception):
+                        future.set_exception(outcome)
+                    else:
+                        future.set_result(outcome)
+                return
+        for item, future in batch:
+            if future.done():
+                continue
+            try:
+                future.set_result(await self._one(item))
+            except Exception as exc:
+                future.set_exception(exc)
