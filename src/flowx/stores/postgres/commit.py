@@ -32,7 +32,7 @@ from typing import Any, Final, LiteralString
 import psycopg
 
 from flowx.stores.errors import DuplicateStep, FencedOut, UnknownInstance
-from flowx.stores.postgres.database import PostgresDatabase
+from flowx.stores.postgres.database import DedicatedConnection, PostgresDatabase
 from flowx.stores.records import StepCommit
 
 log = logging.getLogger("flowx.postgres")
@@ -119,6 +119,11 @@ def commit_params(commit: StepCommit) -> dict[str, Any]:
 
 async def commit_one(conn: psycopg.AsyncConnection[Any], commit: StepCommit) -> int | None:
     """The single-statement commit; translates refusals into store errors."""
+    return outcome_of(commit, await send_one(conn, commit))
+
+
+async def send_one(conn: psycopg.AsyncConnection[Any], commit: StepCommit) -> tuple[Any, ...]:
+    """Send the single-statement commit; its result row (``outcome_of`` reads it)."""
     try:
         cur = await conn.execute(COMMIT, commit_params(commit), prepare=True)
     except psycopg.errors.UniqueViolation as exc:
@@ -128,6 +133,11 @@ async def commit_one(conn: psycopg.AsyncConnection[Any], commit: StepCommit) -> 
         raise
     row = await cur.fetchone()
     assert row is not None
+    return tuple(row)
+
+
+def outcome_of(commit: StepCommit, row: tuple[Any, ...]) -> int | None:
+    """The commit's sequence, or the store error its result row says."""
     fence, seq, moved = row[0], row[1], row[2]
     if fence is None:
         raise UnknownInstance(commit.instance_id)
@@ -299,6 +309,11 @@ class GroupCommitter:
         self._db = db
         self._max_batch = max_batch
         self._max_inflight = max_inflight
+        # One connection per batch in flight, held for good: no pool checkout per commit.
+        # Probed after a second idle: an outage may have killed it meanwhile.
+        self._slots = [
+            DedicatedConnection(db, "step commits", check_after=1.0) for _ in range(max_inflight)
+        ]
         self._pending: deque[_Item] = deque()
         self._inflight = 0
         self._tasks: set[asyncio.Task[None]] = set()
@@ -346,34 +361,59 @@ class GroupCommitter:
             self._inflight -= 1
             self._dispatch()
 
+    async def warm(self) -> None:
+        """Open the committers' connections now, not on the first commits."""
+        await asyncio.gather(*(slot.warm() for slot in self._slots))
+
+    async def close(self) -> None:
+        for slot in self._slots:
+            await slot.close()
+
     async def _execute(self, batch: list[_Item]) -> None:
-        if len(batch) > 1:
-            async with self._db.connection() as conn:
-                try:
-                    rows = await (
-                        await conn.execute(COMMIT_BATCH, batch_params([c for c, _ in batch]))
-                    ).fetchall()
-                except Exception as exc:
-                    if not isolatable(exc):
-                        raise
-                    self.fallbacks += 1
-                    log.debug("group commit of %d fell back to single commits: %s", len(batch), exc)
-                    rows = None
-            if rows is not None:
-                self.batches += 1
-                self.batched_commits += len(batch)
-                for (commit, future), (_, fence, seq) in zip(batch, rows, strict=True):
-                    if future.done():
-                        continue
-                    if fence is None:
-                        future.set_exception(UnknownInstance(commit.instance_id))
-                    elif seq is None:
-                        future.set_exception(
-                            FencedOut(commit.instance_id, commit.token, int(fence))
-                        )
-                    else:
-                        future.set_result(int(seq) if commit.step is not None else None)
-                return
+        slot = self._slots.pop()  # at most max_inflight batches run: one is always free
+        try:
+            await self._send(slot, batch)
+        finally:
+            self._slots.append(slot)
+
+    async def _send(self, slot: DedicatedConnection, batch: list[_Item]) -> None:
+        if len(batch) == 1:
+            commit, future = batch[0]
+            try:
+                async with slot.connection() as conn:
+                    row = await send_one(conn, commit)
+                outcome = outcome_of(commit, row)
+            except Exception as exc:
+                if not future.done():
+                    future.set_exception(exc)
+            else:
+                if not future.done():
+                    future.set_result(outcome)
+            return
+        rows: list[Any] | None
+        try:
+            async with slot.connection() as conn:
+                cur = await conn.execute(COMMIT_BATCH, batch_params([c for c, _ in batch]))
+                rows = await cur.fetchall()
+        except Exception as exc:
+            if not isolatable(exc):
+                raise
+            self.fallbacks += 1
+            log.debug("group commit of %d fell back to single commits: %s", len(batch), exc)
+            rows = None
+        if rows is not None:
+            self.batches += 1
+            self.batched_commits += len(batch)
+            for (commit, future), (_, fence, seq) in zip(batch, rows, strict=True):
+                if future.done():
+                    continue
+                if fence is None:
+                    future.set_exception(UnknownInstance(commit.instance_id))
+                elif seq is None:
+                    future.set_exception(FencedOut(commit.instance_id, commit.token, int(fence)))
+                else:
+                    future.set_result(int(seq) if commit.step is not None else None)
+            return
         for commit, future in batch:
             if future.done():
                 continue

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import os
 import socket
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -208,9 +209,16 @@ class PostgresDatabase:
             )
 
     async def connect(self) -> AsyncConnection[Any]:
-        """A connection of its own, outside the pool, configured like the pool's."""
+        """A connection of its own, outside the pool, configured like the pool's. Connecting
+        is bounded by the connect timeout, configuring by the round-trip deadline (R9.1)."""
         conn = await AsyncConnection.connect(self.dsn, **self._kwargs)
-        await self._configure(conn)
+        try:
+            async with deadline(conn, self.round_trip_timeout, self.where()):
+                await self._configure(conn)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await conn.close()
+            raise
         return conn
 
     def where(self) -> str:
@@ -325,25 +333,55 @@ class PostgresDatabase:
 
 
 class DedicatedConnection:
-    """One connection kept apart from the pool for one job (lease renewals), reconnected
-    after any failure, with the same deadline and error translation as the pool's."""
+    """One connection kept apart from the pool for one job (lease renewals, a committer),
+    reconnected after any failure, with the same deadline and error translation as the pool's.
 
-    def __init__(self, db: PostgresDatabase, job: str, *, asynchronous: bool = False) -> None:
+    ``check_after``: a connection idle for longer is probed (one ``SELECT 1``) before it is
+    used, and replaced if the probe fails. A write must not be the first to find that an
+    outage killed the connection while it sat idle: its outcome would then be unknown."""
+
+    def __init__(
+        self,
+        db: PostgresDatabase,
+        job: str,
+        *,
+        asynchronous: bool = False,
+        check_after: float | None = None,
+    ) -> None:
         self._db = db
         self._job = job
         self._asynchronous = asynchronous
+        self._check_after = check_after
+        self._used = 0.0
         self._conn: AsyncConnection[Any] | None = None
         self._lock = asyncio.Lock()
+
+    async def _probe(self, conn: AsyncConnection[Any]) -> bool:
+        try:
+            async with deadline(conn, self._db.round_trip_timeout, self._db.where()):
+                await conn.execute("SELECT 1")
+        except Exception:
+            await self._discard()
+            return False
+        return True
 
     @contextlib.asynccontextmanager
     async def connection(self) -> AsyncIterator[AsyncConnection[Any]]:
         async with self._lock:
             try:
+                idle = time.monotonic() - self._used
+                if (
+                    self._conn is not None
+                    and self._check_after is not None
+                    and idle > self._check_after
+                ):
+                    await self._probe(self._conn)
                 if self._conn is None or self._conn.closed or self._conn.broken:
                     self._conn = await self._db.connect()
                     if self._asynchronous:
                         await self._conn.execute("SET synchronous_commit = off")
                 conn = self._conn
+                self._used = time.monotonic()
                 async with deadline(conn, self._db.round_trip_timeout, self._db.where()):
                     yield conn
             except BaseException as exc:
@@ -351,6 +389,11 @@ class DedicatedConnection:
                 if isinstance(exc, psycopg.OperationalError | psycopg.errors.QueryCanceled):
                     raise unavailable(self._db.dsn, exc) from exc
                 raise
+
+    async def warm(self) -> None:
+        """Connect now rather than at first use (a store that opens is ready to commit)."""
+        async with self.connection():
+            pass
 
     async def _discard(self) -> None:
         conn, self._conn = self._conn, None

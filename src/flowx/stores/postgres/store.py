@@ -225,6 +225,14 @@ class PostgresJournal:
                 return CreateResult(instance=instance_of(row), created=True)
             return CreateResult(instance=await existing(cur, instance), created=False)
 
+    async def warm(self) -> None:
+        """Open the committers' own connections (at store open)."""
+        await self._group.warm()
+
+    async def close(self) -> None:
+        """Close the committers' own connections."""
+        await self._group.close()
+
     async def create_leased(
         self, instance: NewInstance, *, owner: str, ttl: timedelta, now: datetime | None
     ) -> tuple[Lease | None, CreateResult | None]:
@@ -413,6 +421,11 @@ class PostgresStores:
 
     async def open(self) -> None:
         await self.db.open(migrate=self._migrate)
+        try:
+            await self.journal.warm()
+        except BaseException:
+            await self.db.close()
+            raise
 
     async def wait_work(self, timeout: float) -> bool:
         """``WorkWakeups``: wait for another process's NOTIFY that an instance became
@@ -423,6 +436,7 @@ class PostgresStores:
         await self.notifier.close()
         await self.work_notifier.close()
         await self._work_listener.close()
+        await self.journal.close()
         await self.outbox.close()
         await self.leases.close()
         await self.db.close()
