@@ -9,6 +9,7 @@ one the same way (R2.4, R3.3).
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 
@@ -23,7 +24,7 @@ from flowx.hosting.settings import HostSettings
 from flowx.hosting.threads import CapabilityThreads
 from flowx.outbox import OutboxPublisher
 from flowx.stores.errors import JournalUnavailable
-from flowx.stores.protocols import Stores
+from flowx.stores.protocols import CommitReleases, LeasedCreate, Stores
 from flowx.stores.records import InstanceRecord, Lease
 
 
@@ -52,6 +53,19 @@ class NodeContext:
     store_ready: bool = False
     #: Why the journal could not be reached at start-up, for the error Durable calls get.
     unreachable_because: str = field(default="")
+
+    # What the stores can do, asked once: an isinstance check against a runtime protocol
+    # costs tens of microseconds, and these are asked on every start and every commit.
+    @functools.cached_property
+    def leased_create(self) -> bool:
+        """The stores write a start's lease and row in one write (``LeasedCreate``)."""
+        return isinstance(self.store, LeasedCreate)
+
+    @functools.cached_property
+    def commit_releases(self) -> bool:
+        """A terminal commit ends its lease in the same write (``CommitReleases``)."""
+        store = self.store
+        return isinstance(store, CommitReleases) and store.commit_releases_lease()
 
     def require_stores(self) -> Stores:
         """The stores, or the error a Durable call gets without them: none configured

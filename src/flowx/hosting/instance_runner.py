@@ -16,7 +16,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from pydantic import BaseModel
 
@@ -85,9 +85,9 @@ class InstanceRunner:
         instance_id = new.instance_id
         sent = time.monotonic()
         created: CreateResult | None = None
-        if isinstance(stores, LeasedCreate):
+        if ctx.leased_create:
             # Lease first (R3.3), in the same write as the instance row.
-            lease, created = await stores.create_leased(
+            lease, created = await cast(LeasedCreate, stores).create_leased(
                 new, owner=ctx.node_id, ttl=ctx.settings.lease_ttl, now=ctx.clock.store_time()
             )
         else:

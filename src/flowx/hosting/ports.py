@@ -16,7 +16,6 @@ from flowx.errors import FlowXError
 from flowx.hosting.context import NodeContext
 from flowx.hosting.lease import DurableLease
 from flowx.plan.model import Plan, SubFlowNode
-from flowx.stores.protocols import CommitReleases
 from flowx.stores.records import (
     EventWrite,
     InstanceRecord,
@@ -67,12 +66,7 @@ class DurableCommitter:
         stores = self._ctx.require_stores()
         # A terminal commit ends the lease in its own write where the journal keeps the
         # leases: the run then releases nothing afterwards (one round trip a flow fewer).
-        release = (
-            state is not None
-            and state.terminal
-            and isinstance(stores, CommitReleases)
-            and stores.commit_releases_lease()
-        )
+        release = state is not None and state.terminal and self._ctx.commit_releases
         commit = StepCommit(
             instance_id=self._instance_id,
             # The token this run holds, live or not: a finished step's effect is done, and
