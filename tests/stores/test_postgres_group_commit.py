@@ -12,7 +12,7 @@ import pytest
 
 from flowx.stores.errors import DuplicateStep, FencedOut
 from flowx.stores.postgres import PostgresStores
-from flowx.stores.postgres.commit import isolatable
+from flowx.stores.postgres.batching import isolatable
 from flowx.stores.records import StepCommit
 from flowx.testing.conformance._support import at, event, instance, step
 from tests.postgres_support import PG_DSN

@@ -16,12 +16,35 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Generic, TypeVar
 
-from flowx.stores.postgres.commit import isolatable
+import psycopg
 
 log = logging.getLogger("flowx.postgres")
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+
+def isolatable(exc: Exception) -> bool:
+    """Whether a batch that raised ``exc`` wrote nothing and may be retried commit by commit.
+
+    True for an error about the data of one commit (R9.5): anything the server refused with
+    the statement (``DataError`` — an invalid byte sequence, an untranslatable character, text
+    the ``json`` type refuses —, ``IntegrityError``, ...), a deadlock or serialisation failure
+    (the transaction was rolled back), and a ``str`` the driver could not encode (nothing was
+    sent). False for anything else — a connection that failed, a statement cancelled or timed
+    out (``OperationalError``, ``InterfaceError``, ``TimeoutError``, ``OSError``): whether the
+    batch committed is unknown, so it is not sent again.
+    """
+    if isinstance(  # rolled back; psycopg makes these plain OperationalErrors, so named here
+        exc,
+        psycopg.errors.DeadlockDetected
+        | psycopg.errors.SerializationFailure
+        | psycopg.errors.TransactionRollback,
+    ):
+        return True
+    if isinstance(exc, psycopg.DatabaseError):
+        return not isinstance(exc, psycopg.OperationalError)
+    return isinstance(exc, UnicodeError)
 
 
 class Batcher(Generic[T, R]):
@@ -50,6 +73,8 @@ class Batcher(Generic[T, R]):
         self._tasks: set[asyncio.Task[None]] = set()
         self.batches = 0
         self.batched = 0
+        #: Batches that failed on one write's data and were retried write by write.
+        self.fallbacks = 0
 
     async def submit(self, item: T) -> R:
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
@@ -99,6 +124,7 @@ class Batcher(Generic[T, R]):
             except Exception as exc:
                 if not isolatable(exc):
                     raise
+                self.fallbacks += 1
                 log.debug("a batch of %d fell back to single writes: %s", len(batch), exc)
             else:
                 self.batches += 1

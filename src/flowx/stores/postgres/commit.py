@@ -25,17 +25,16 @@ flight, which is exactly when waiting costs nothing.
 from __future__ import annotations
 
 import asyncio
-import logging
-from collections import deque
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any, Final, LiteralString
 
 import psycopg
 
 from flowx.stores.errors import DuplicateStep, FencedOut, UnknownInstance
+from flowx.stores.postgres.batching import Batcher
 from flowx.stores.postgres.database import DedicatedConnection, PostgresDatabase
 from flowx.stores.records import StepCommit
-
-log = logging.getLogger("flowx.postgres")
 
 # The step commit, one statement. `inst` locks the row (primary key); `ok` is empty when the
 # token is below the fence, and then no other part writes anything.
@@ -274,92 +273,46 @@ def batch_params(commits: list[StepCommit]) -> dict[str, Any]:
     return p
 
 
-_Item = tuple[StepCommit, "asyncio.Future[int | None]"]
-
-
-def isolatable(exc: Exception) -> bool:
-    """Whether a batch that raised ``exc`` wrote nothing and may be retried commit by commit.
-
-    True for an error about the data of one commit (R9.5): anything the server refused with
-    the statement (``DataError`` — an invalid byte sequence, an untranslatable character, text
-    the ``json`` type refuses —, ``IntegrityError``, ...), a deadlock or serialisation failure
-    (the transaction was rolled back), and a ``str`` the driver could not encode (nothing was
-    sent). False for anything else — a connection that failed, a statement cancelled or timed
-    out (``OperationalError``, ``InterfaceError``, ``TimeoutError``, ``OSError``): whether the
-    batch committed is unknown, so it is not sent again.
-    """
-    if isinstance(  # rolled back; psycopg makes these plain OperationalErrors, so named here
-        exc,
-        psycopg.errors.DeadlockDetected
-        | psycopg.errors.SerializationFailure
-        | psycopg.errors.TransactionRollback,
-    ):
-        return True
-    if isinstance(exc, psycopg.DatabaseError):
-        return not isinstance(exc, psycopg.OperationalError)
-    return isinstance(exc, UnicodeError)
-
-
 class GroupCommitter:
-    """Queues commits and sends them in batches, at most ``max_inflight`` at a time."""
+    """Step commits batched (``batching.Batcher``), each instance once a batch, at most
+    ``max_inflight`` batches at a time, each on a connection of its own."""
 
     def __init__(
         self, db: PostgresDatabase, *, max_batch: int = 256, max_inflight: int = 4
     ) -> None:
         self._db = db
-        self._max_batch = max_batch
-        self._max_inflight = max_inflight
         # One connection per batch in flight, held for good: no pool checkout per commit.
         # Probed after a second idle: an outage may have killed it meanwhile.
         self._slots = [
             DedicatedConnection(db, "step commits", check_after=1.0) for _ in range(max_inflight)
         ]
-        self._pending: deque[_Item] = deque()
-        self._inflight = 0
-        self._tasks: set[asyncio.Task[None]] = set()
-        self.batches = 0
-        self.batched_commits = 0
-        #: Batches that failed on one commit's data and were retried commit by commit.
-        self.fallbacks = 0
+        self._batcher: Batcher[StepCommit, int | None] = Batcher(
+            self._one,
+            self._many,
+            key=lambda c: c.instance_id,
+            max_batch=max_batch,
+            max_inflight=max_inflight,
+        )
+
+    @property
+    def batches(self) -> int:
+        return self._batcher.batches
+
+    @property
+    def batched_commits(self) -> int:
+        return self._batcher.batched
+
+    @property
+    def fallbacks(self) -> int:
+        """Batches that failed on one commit's data and were retried commit by commit."""
+        return self._batcher.fallbacks
+
+    @property
+    def _inflight(self) -> int:
+        return self._batcher._inflight
 
     async def commit(self, commit: StepCommit) -> int | None:
-        future: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
-        self._pending.append((commit, future))
-        self._dispatch()
-        return await future
-
-    def _dispatch(self) -> None:
-        while self._pending and self._inflight < self._max_inflight:
-            batch = self._take()
-            self._inflight += 1
-            task = asyncio.get_running_loop().create_task(self._run(batch))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-
-    def _take(self) -> list[_Item]:
-        batch: list[_Item] = []
-        seen: set[str] = set()
-        deferred: list[_Item] = []
-        while self._pending and len(batch) < self._max_batch:
-            item = self._pending.popleft()
-            if item[0].instance_id in seen:
-                deferred.append(item)
-                continue
-            seen.add(item[0].instance_id)
-            batch.append(item)
-        self._pending.extendleft(reversed(deferred))
-        return batch
-
-    async def _run(self, batch: list[_Item]) -> None:
-        try:
-            await self._execute(batch)
-        except BaseException as exc:
-            for _, future in batch:
-                if not future.done():
-                    future.set_exception(exc)
-        finally:
-            self._inflight -= 1
-            self._dispatch()
+        return await self._batcher.submit(commit)
 
     async def warm(self) -> None:
         """Open the committers' connections now, not on the first commits."""
@@ -369,58 +322,32 @@ class GroupCommitter:
         for slot in self._slots:
             await slot.close()
 
-    async def _execute(self, batch: list[_Item]) -> None:
-        slot = self._slots.pop()  # at most max_inflight batches run: one is always free
+    @contextlib.asynccontextmanager
+    async def _slot(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        # At most max_inflight batches run, each one write at a time: one is always free.
+        slot = self._slots.pop()
         try:
-            await self._send(slot, batch)
+            async with slot.connection() as conn:
+                yield conn
         finally:
             self._slots.append(slot)
 
-    async def _send(self, slot: DedicatedConnection, batch: list[_Item]) -> None:
-        if len(batch) == 1:
-            commit, future = batch[0]
-            try:
-                async with slot.connection() as conn:
-                    row = await send_one(conn, commit)
-                outcome = outcome_of(commit, row)
-            except Exception as exc:
-                if not future.done():
-                    future.set_exception(exc)
+    async def _one(self, commit: StepCommit) -> int | None:
+        # Alone, or retried alone after its batch failed on one commit's data: a connection
+        # block (and a deadline, R9.1) of its own, so one unanswered commit fails alone.
+        async with self._slot() as conn:
+            row = await send_one(conn, commit)
+        return outcome_of(commit, row)
+
+    async def _many(self, commits: list[StepCommit]) -> list[int | Exception | None]:
+        async with self._slot() as conn:
+            rows = await (await conn.execute(COMMIT_BATCH, batch_params(commits))).fetchall()
+        outcomes: list[int | Exception | None] = []
+        for commit, (_, fence, seq) in zip(commits, rows, strict=True):
+            if fence is None:
+                outcomes.append(UnknownInstance(commit.instance_id))
+            elif seq is None:
+                outcomes.append(FencedOut(commit.instance_id, commit.token, int(fence)))
             else:
-                if not future.done():
-                    future.set_result(outcome)
-            return
-        rows: list[Any] | None
-        try:
-            async with slot.connection() as conn:
-                cur = await conn.execute(COMMIT_BATCH, batch_params([c for c, _ in batch]))
-                rows = await cur.fetchall()
-        except Exception as exc:
-            if not isolatable(exc):
-                raise
-            self.fallbacks += 1
-            log.debug("group commit of %d fell back to single commits: %s", len(batch), exc)
-            rows = None
-        if rows is not None:
-            self.batches += 1
-            self.batched_commits += len(batch)
-            for (commit, future), (_, fence, seq) in zip(batch, rows, strict=True):
-                if future.done():
-                    continue
-                if fence is None:
-                    future.set_exception(UnknownInstance(commit.instance_id))
-                elif seq is None:
-                    future.set_exception(FencedOut(commit.instance_id, commit.token, int(fence)))
-                else:
-                    future.set_result(int(seq) if commit.step is not None else None)
-            return
-        for commit, future in batch:
-            if future.done():
-                continue
-            # Each single commit on a connection (and a deadline, R9.1) of its own: a long
-            # fallback never outlives one deadline, and one unanswered commit fails alone.
-            try:
-                async with self._db.connection() as conn:
-                    future.set_result(await commit_one(conn, commit))
-            except Exception as exc:
-                future.set_exception(exc)
+                outcomes.append(int(seq) if commit.step is not None else None)
+        return outcomes
