@@ -35,7 +35,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
@@ -145,6 +145,22 @@ async def _workers(
     logs = [path.open("wb") for path in paths]
     launched = time.perf_counter()
     procs = [_worker(url, ready, log) for ready, log in zip(readies, logs, strict=True)]
+    return drain(procs, logs, readies, paths, count, n, f"workers={k}", launched)
+
+
+def drain(
+    procs: list[subprocess.Popen[bytes]],
+    logs: Sequence[IO[bytes]],
+    readies: list[Path],
+    paths: list[Path],
+    count: Callable[[], int],
+    n: int,
+    label: str,
+    launched: float,
+) -> dict[str, Any]:
+    """Watch worker processes drain ``n`` queued instances (``count()`` says how many are
+    done), then stop them; the timings. Shared with ``dbos_compare.py``. Nothing else runs
+    meanwhile, so it polls synchronously."""
     ready_at: float | None = None
     first_at: float | None = None
     done = 0
@@ -154,7 +170,7 @@ async def _workers(
             if now - launched > WITHIN or any(proc.poll() is not None for proc in procs):
                 codes = [proc.poll() for proc in procs]
                 tail = [line for lines in _lines(paths) for line in lines[-5:]]
-                raise RuntimeError(f"workers={k}: {done}/{n} Completed after {now - launched:.0f}"
+                raise RuntimeError(f"{label}: {done}/{n} done after {now - launched:.0f}"
                                    f" s, exit codes {codes}, stderr tail {tail}")  # fmt: skip
             if ready_at is None and all(r.exists() for r in readies):
                 ready_at = now
@@ -162,7 +178,7 @@ async def _workers(
             if done and first_at is None:
                 first_at = time.perf_counter()
             if done < n:
-                await asyncio.sleep(POLL if ready_at is not None else 0.005)
+                time.sleep(POLL if ready_at is not None else 0.005)
         finished = time.perf_counter()
     finally:
         for proc in procs:
@@ -170,7 +186,7 @@ async def _workers(
         codes = [proc.wait(timeout=60) for proc in procs]
         for log in logs:
             log.close()
-    assert first_at is not None
+    first_at = finished if first_at is None else first_at
     # All drained before the last worker was ready (only with a tiny backlog): no wait left.
     ready_at = finished if ready_at is None else ready_at
     stderr = _lines(paths)
@@ -179,7 +195,7 @@ async def _workers(
         "flows_per_s": n / max(finished - ready_at, POLL),
         "total_s": finished - launched,
         "startup_s": ready_at - launched,
-        "idle_s": max(first_at - ready_at, 0.0),  # ready, and not one instance Completed
+        "idle_s": max(first_at - ready_at, 0.0),  # ready, and not one instance done
         "after_first_flows_per_s": n / max(finished - first_at, POLL),
         "exit_codes": codes,
         "stderr_lines": sum(len(lines) for lines in stderr),

@@ -65,6 +65,7 @@ from typing import IO, Any
 from urllib.parse import urlsplit, urlunsplit
 
 import flowx
+from benchmarks.backlog import drain
 from benchmarks.journal_throughput import Job, make_plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -302,45 +303,7 @@ def _drain(
     procs = [
         sides.worker(system, url, schema, r, log) for r, log in zip(readies, logs, strict=True)
     ]
-    ready_at: float | None = None
-    first_at: float | None = None
-    done = 0
-    try:
-        while done < n:
-            now = time.perf_counter()
-            if now - launched > WITHIN or any(proc.poll() is not None for proc in procs):
-                tail = [line for p in paths for line in p.read_text().splitlines()[-5:]]
-                codes = [proc.poll() for proc in procs]
-                raise RuntimeError(f"{system} backlog: {done}/{n} done after {now - launched:.0f}"
-                                   f" s, exit codes {codes}, stderr tail {tail}")  # fmt: skip
-            if ready_at is None and all(r.exists() for r in readies):
-                ready_at = now
-            done = count()
-            if done and first_at is None:
-                first_at = time.perf_counter()
-            if done < n:
-                time.sleep(POLL if ready_at is not None else 0.005)
-        finished = time.perf_counter()
-    finally:
-        for proc in procs:
-            proc.terminate()
-        codes = [proc.wait(timeout=60) for proc in procs]
-        for log in logs:
-            log.close()
-    first_at = finished if first_at is None else first_at
-    ready_at = finished if ready_at is None else ready_at  # drained before every worker was ready
-    stderr = [p.read_text().splitlines() for p in paths]
-    return {
-        "elapsed_s": finished - ready_at,
-        "flows_per_s": n / max(finished - ready_at, POLL),
-        "total_s": finished - launched,
-        "startup_s": ready_at - launched,
-        "idle_s": max(first_at - ready_at, 0.0),
-        "after_first_flows_per_s": n / max(finished - first_at, POLL),
-        "exit_codes": codes,
-        "stderr_lines": sum(len(lines) for lines in stderr),
-        "stderr_tail": [line for lines in stderr for line in lines[-3:]],
-    }
+    return drain(procs, logs, readies, paths, count, n, f"{system} backlog", launched)
 
 
 def measure(sides: Sides, stores: Stores, system: str, mode: str) -> dict[str, Any]:
