@@ -39,6 +39,10 @@ GRANT_OVER_EXPIRED: Final[LiteralString] = """
 # thus locks nothing and writes nothing, so it never holds up its owner's renewal for a
 # commit's flush, and two nodes sweeping the same instances never queue on each other — both
 # a whole commit long under a slow disk (R9.1).
+# With the lease row held, the instance row is locked without waiting either (`inst`): a
+# queue claim (claims.py) locks instance rows first and lease rows after, so waiting here
+# would be the other half of a deadlock. An instance row someone holds (a claim, a commit, a
+# signal) is a lost race too; one with no row at all (a lease taken for its own sake) is not.
 ACQUIRE: Final[LiteralString] = (
     """
 WITH t AS (
@@ -47,16 +51,22 @@ WITH t AS (
     SELECT 1 FROM flow_lease, t
      WHERE instance_id = %(instance_id)s AND expires_at <= t.now
        FOR UPDATE OF flow_lease SKIP LOCKED
+), free AS (
+    SELECT 1 WHERE EXISTS (SELECT 1 FROM mine)
+        OR NOT EXISTS (SELECT 1 FROM flow_lease WHERE instance_id = %(instance_id)s)
+), inst AS (
+    SELECT fence FROM flow_instance
+     WHERE instance_id = %(instance_id)s AND EXISTS (SELECT 1 FROM free)
+       FOR UPDATE SKIP LOCKED
 ), floor AS (
-    SELECT greatest(%(floor)s::bigint,
-                    coalesce((SELECT fence FROM flow_instance
-                               WHERE instance_id = %(instance_id)s), 0)) AS f
+    SELECT greatest(%(floor)s::bigint, coalesce((SELECT fence FROM inst), 0)) AS f
 ), granted AS (
     INSERT INTO flow_lease AS l (instance_id, owner_node, fencing_token, expires_at, acquired_at)
     SELECT %(instance_id)s, %(owner)s, floor.f + 1, t.now + %(ttl)s::interval, t.now
       FROM floor, t
-     WHERE EXISTS (SELECT 1 FROM mine)
-        OR NOT EXISTS (SELECT 1 FROM flow_lease WHERE instance_id = %(instance_id)s)
+     WHERE EXISTS (SELECT 1 FROM free)
+       AND (EXISTS (SELECT 1 FROM inst)
+            OR NOT EXISTS (SELECT 1 FROM flow_instance WHERE instance_id = %(instance_id)s))
 """
     + GRANT_OVER_EXPIRED
     + """    RETURNING fencing_token, expires_at
