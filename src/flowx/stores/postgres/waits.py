@@ -24,15 +24,15 @@ from flowx.stores.columns import (
     instance_of,
     signal_of,
 )
-from flowx.stores.errors import FencedOut, InstanceFinished, UnknownInstance
+from flowx.stores.errors import FencedOut, UnknownInstance
 from flowx.stores.postgres.batching import Batcher
 from flowx.stores.postgres.database import PostgresDatabase
 from flowx.stores.postgres.notify import Notifier
 from flowx.stores.postgres.rows import candidates
+from flowx.stores.postgres.signals import Delivery, deliver_many, deliver_one
 from flowx.stores.postgres.suspends import suspend_many
 from flowx.stores.records import (
     InstanceRecord,
-    InstanceState,
     RecoveryCandidate,
     SignalReceipt,
     SignalRecord,
@@ -61,47 +61,6 @@ SUSPEND: Final[LiteralString] = (
     "RETURNING 1"
 )
 
-# A signal's statement 1: lock the instance first, so two deliveries of one key, or a
-# delivery and a suspend, take turns. Primary key.
-LOCK_FOR_SIGNAL: Final[LiteralString] = (
-    "SELECT state, wake_signal FROM flow_instance WHERE instance_id = %s FOR UPDATE"
-)
-# A signal's statement 2, after the lock (so its snapshot sees every delivery and every
-# suspend that committed before it): keep the signal unless the instance has ended, the key
-# was seen (flow_signal_key_idx) or the inbox already holds as many of this name as the
-# instance can ever take (flow_signal_inbox_idx; R2.10: counted under the lock, so racing
-# signals to a wait that happens once keep exactly one), and wake the instance if it waits
-# for this name — the keep and the wake are one write. The payload goes in as json: kept
-# byte for byte (R2.1). The last two columns are the first copy's seq for a repeated key and
-# the latest seq of the name (this statement's own insert is visible to neither). Sent with
-# the lock and the COMMIT in one pipeline: one round trip.
-DELIVER_SIGNAL: Final[LiteralString] = (
-    """
-WITH live AS (
-    SELECT 1 FROM flow_instance WHERE instance_id = %(instance_id)s
-       AND state NOT IN """
-    + TERMINAL_STATES_SQL
-    + """
-       AND (%(limit)s::int IS NULL
-            OR (SELECT count(*) FROM flow_signal
-                 WHERE instance_id = %(instance_id)s AND name = %(name)s) < %(limit)s::int)
-), kept AS (
-    INSERT INTO flow_signal (instance_id, name, key, payload, received_at)
-    SELECT %(instance_id)s, %(name)s, %(key)s, %(payload)s::json, %(now)s FROM live
-    ON CONFLICT (instance_id, name, key) WHERE key IS NOT NULL DO NOTHING
-    RETURNING seq
-), woken AS (
-    UPDATE flow_instance SET state = 'Pending', updated_at = %(now)s, version = version + 1
-     WHERE instance_id = %(instance_id)s AND state = 'Suspended' AND wake_signal = %(name)s
-       AND EXISTS (SELECT 1 FROM kept)
-    RETURNING 1
-)
-SELECT (SELECT seq FROM kept), (SELECT count(*) FROM woken),
-       (SELECT seq FROM flow_signal WHERE instance_id = %(instance_id)s AND name = %(name)s
-         AND key = %(key)s),
-       (SELECT max(seq) FROM flow_signal WHERE instance_id = %(instance_id)s AND name = %(name)s)
-"""
-)
 # flow_signal_inbox_idx, in seq order.
 SELECT_SIGNALS: Final[LiteralString] = (
     "SELECT " + SIGNAL_COLUMNS + " FROM flow_signal "
@@ -158,6 +117,12 @@ class PostgresWaits:
             lambda commits: suspend_many(db, commits),
             key=lambda c: c.instance_id,
         )
+        # So do signal deliveries (signals.py); two to one instance take turns (R2.10).
+        self._signals: Batcher[Delivery, SignalReceipt] = Batcher(
+            lambda d: deliver_one(db, d),
+            lambda batch: deliver_many(db, batch),
+            key=lambda d: d.instance_id,
+        )
 
     async def suspend(self, commit: SuspendCommit) -> bool:
         return await self._suspends.submit(commit)
@@ -198,48 +163,12 @@ class PostgresWaits:
         now: datetime,
         limit: int | None = None,
     ) -> SignalReceipt:
-        params = {
-            "instance_id": instance_id,
-            "name": name,
-            "key": key,
-            "payload": payload,
-            "now": now,
-            "limit": limit,
-        }
-        async with self._db.connection() as conn:
-            async with conn.pipeline(), conn.transaction():
-                locked = await conn.execute(LOCK_FOR_SIGNAL, (instance_id,), prepare=True)
-                delivered = await conn.execute(DELIVER_SIGNAL, params, prepare=True)
-            row = await locked.fetchone()
-            outcome = await delivered.fetchone()
-        if row is None:
-            raise UnknownInstance(instance_id)
-        state = InstanceState(row[0])
-        assert outcome is not None
-        seq, woken, first, last = outcome
-        if seq is None and first is not None:  # a redelivery, even after the end (R2.10)
-            return SignalReceipt(
-                instance_id=instance_id, name=name, seq=int(first), status="duplicate", state=state
-            )
-        if state.terminal:
-            raise InstanceFinished(instance_id, state.value)
-        if seq is None:  # every wait for it that happens once is spoken for (R2.10)
-            return SignalReceipt(
-                instance_id=instance_id,
-                name=name,
-                seq=int(last or 0),
-                status="duplicate",
-                state=state,
-            )
-        if woken and self._work is not None:
-            self._work.mark()  # Pending now: a worker elsewhere may take it at once
-        return SignalReceipt(
-            instance_id=instance_id,
-            name=name,
-            seq=int(seq),
-            status="woken" if woken else "kept",
-            state=InstanceState.PENDING if woken else state,
+        delivered = await self._signals.submit(
+            Delivery(instance_id, name, payload, key, now, limit)
         )
+        if delivered.status == "woken" and self._work is not None:
+            self._work.mark()  # Pending now: a worker elsewhere may take it at once
+        return delivered
 
     async def signals(self, instance_id: str, name: str) -> Sequence[SignalRecord]:
         async with self._db.connection() as conn:
