@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import os
 import platform
@@ -53,8 +54,36 @@ class JobState(BaseModel):
     done: int | None = None
 
 
+class Progress:
+    """Steps run, counted by flow and step name: the timed phases wait on these counts (and
+    then for the node to be idle) rather than polling the store, which on a busy node would
+    load the very store being measured. Each phase's outcome is checked after its clock stops."""
+
+    def __init__(self) -> None:
+        self.counts: collections.Counter[str] = collections.Counter()
+        self._waiters: list[tuple[str, int, asyncio.Future[None]]] = []
+
+    def tick(self, key: str) -> None:
+        self.counts[key] += 1
+        for waiter in [w for w in self._waiters if self.counts[w[0]] >= w[1]]:
+            self._waiters.remove(waiter)
+            if not waiter[2].done():
+                waiter[2].set_result(None)
+
+    async def reach(self, key: str, target: int) -> None:
+        if self.counts[key] >= target:
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append((key, target, future))
+        await asyncio.wait_for(future, timeout=600)
+
+
+PROGRESS = Progress()
+
+
 @flowx.capability("bench.wait.work", version="1.0.0")
 async def work(ctx: flowx.StepContext, job: Job) -> int:
+    PROGRESS.tick(f"{ctx.flow_id}:{ctx.step_name}")
     return job.n
 
 
@@ -71,7 +100,7 @@ def sleeper(seconds: float) -> flowx.Plan:
     return (
         flowx.flow("bench.wait.sleep", version="1", input=Job, state=JobState)
         .sleep(f"{int(seconds * 1000)}ms", name="nap")
-        .step(work, into="done")
+        .step(work, name="wake", into="done")
         .build()
     )
 
@@ -93,6 +122,20 @@ async def _until(host: flowx.FlowHost, ids: list[str], state: InstanceState) -> 
             left = [i for i in left if (await journal.get(i)).state is not state]  # type: ignore[union-attr]
         if left:
             await asyncio.sleep(0.05)
+
+
+async def _phase(host: flowx.FlowHost, key: str, target: int) -> None:
+    """Until ``target`` runs of step ``key`` in all, then until every run has ended."""
+    await PROGRESS.reach(key, target)
+    await host.wait_idle(timeout=600)
+
+
+async def _check(host: flowx.FlowHost, ids: list[str], state: InstanceState) -> None:
+    """After the clock stops: every instance is where the phase left it."""
+    assert host.store is not None
+    for iid in ids:
+        record = await host.store.journal.get(iid)
+        assert record is not None and record.state is state, (iid, record)
 
 
 async def _lateness(host: flowx.FlowHost, ids: list[str]) -> list[float]:
@@ -136,10 +179,12 @@ async def run(url: str, instances: int, sleep_s: float, concurrency: int) -> dic
             async with sem:
                 return (await host.start(plan, Job(n=n))).instance_id
 
+        before, after = "bench.wait.signal:before", "bench.wait.signal:after"
+        target = PROGRESS.counts[before] + instances
         ids = list(await asyncio.gather(*(start(n, signalled) for n in range(instances))))
-        await host.wait_idle(timeout=600)
-        await _until(host, ids, InstanceState.SUSPENDED)
+        await _phase(host, before, target)
         park_s = time.perf_counter() - started
+        await _check(host, ids, InstanceState.SUSPENDED)
 
         # signal
         started = time.perf_counter()
@@ -149,19 +194,23 @@ async def run(url: str, instances: int, sleep_s: float, concurrency: int) -> dic
                 receipt = await host.signal(iid, "go", Go(at=time.time()), key=f"k-{iid}")
                 assert receipt.status == "woken", receipt
 
+        target = PROGRESS.counts[after] + instances
         await asyncio.gather(*(send(i) for i in ids))
-        await host.wait_idle(timeout=600)
-        await _until(host, ids, InstanceState.COMPLETED)
+        await _phase(host, after, target)
         signal_s = time.perf_counter() - started
+        await _check(host, ids, InstanceState.COMPLETED)
         probes = list(await asyncio.gather(*(start(n, signalled) for n in range(50))))
         await _until(host, probes, InstanceState.SUSPENDED)
         latencies = await _signal_latency(host, probes)
 
         # timer: a burst falling due together, then a trickle on an idle node
+        woke = "bench.wait.sleep:wake"
+        target = PROGRESS.counts[woke] + instances
         started = time.perf_counter()
         sleepers = list(await asyncio.gather(*(start(n, plan_sleep) for n in range(instances))))
-        await _until(host, sleepers, InstanceState.COMPLETED)
+        await _phase(host, woke, target)
         timer_s = time.perf_counter() - started
+        await _check(host, sleepers, InstanceState.COMPLETED)
         lateness = await _lateness(host, sleepers)
         trickle = []
         for n in range(50):

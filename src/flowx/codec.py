@@ -153,9 +153,7 @@ def text(value: str, *, root: str, code: str | None = None, context: str | None 
 
 def _text(value: str, root: str) -> str:
     if not isinstance(value, str):  # a key typed as str by the caller's annotations only
-        raise SerialisationError(
-            f"{root} must be a str, not {type(value).__name__}", path=root
-        )
+        raise SerialisationError(f"{root} must be a str, not {type(value).__name__}", path=root)
     if "\x00" in value:
         raise SerialisationError(
             f"{root} {value!r} holds a NUL character at index {value.index(chr(0))}, which "

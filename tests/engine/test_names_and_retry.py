@@ -64,9 +64,11 @@ def test_a_bad_signal_name_is_FLOWX1026(name: Any) -> None:
 def test_a_bad_fork_or_for_each_name_is_FLOWX1026(name: Any) -> None:
     assert (
         code_of(
-            lambda: base()
-            .fork(name, lambda b: b.step(noop, name="a"), lambda b: b.step(noop, name="b"))
-            .build()
+            lambda: (
+                base()
+                .fork(name, lambda b: b.step(noop, name="a"), lambda b: b.step(noop, name="b"))
+                .build()
+            )
         )
         == "FLOWX1026"
     )
@@ -163,9 +165,11 @@ def test_a_plan_duration_out_of_range_is_FLOWX1009() -> None:
     assert code_of(lambda: base().sleep("99999999999d").step(noop).build()) == "FLOWX1009"
     assert (
         code_of(
-            lambda: flowx.flow("names.d", version="1", input=In, deadline=float("inf"))
-            .step(noop)
-            .build()
+            lambda: (
+                flowx.flow("names.d", version="1", input=In, deadline=float("inf"))
+                .step(noop)
+                .build()
+            )
         )
         == "FLOWX1009"
     )

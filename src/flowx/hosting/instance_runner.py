@@ -295,7 +295,17 @@ class InstanceRunner:
         return len(self._ephemeral)
 
     def wake(self, instance_id: str) -> None:
-        """Resume, in the background, an instance something just made ``Pending``."""
+        """Resume, in the background, an instance something just made ``Pending``.
+
+        Where recovery claims queued work (``QueueClaims``), the wake is a poke: one claim
+        takes this instance with every other woken one, a page per write, rather than a read,
+        a lease and an open for each. A claim passes over an instance whose lease is still
+        held (the run that suspended it has not released it yet); that release wakes the node
+        again, so this holds only where wake-ups are on."""
+        recovery = self.recovery
+        if recovery is not None and recovery.claims_queued and self._ctx.settings.wakeups:
+            recovery.poke()
+            return
         self._background(self._resume_quietly(instance_id), name=f"flowx-wake-{instance_id}")
 
     # -- the one path ----------------------------------------------------------------------

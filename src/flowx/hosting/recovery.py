@@ -112,6 +112,13 @@ class RecoveryService:
         #: (``InstanceRunner.claim_queued``, where the stores claim: ``QueueClaims``). Unset,
         #: each queued row is read, then taken over one by one.
         self.claim: Callable[[int], Awaitable[int]] | None = None
+        self._running = False
+
+    @property
+    def claims_queued(self) -> bool:
+        """Whether a ``poke`` has queued work claimed here soon: the loop runs and claims
+        a page per write (``claim``)."""
+        return self._running and self.claim is not None
 
     def slot_freed(self) -> None:
         """Called by the host when a recovered or queued instance stops running here."""
@@ -217,7 +224,12 @@ class RecoveryService:
         batch = self._settings.recovery_scan_batch_size
         if self._free_flow_slots is None:
             return batch
-        return min(batch, self._free_flow_slots())
+        free = self._free_flow_slots()
+        if self.claim is not None:
+            # A claim leases what it takes: a few beyond the free slots wait, leased, for
+            # the next slot to free instead of a claim's round trip (``queue_prefetch``).
+            free += self._settings.queue_prefetch
+        return min(batch, free)
 
     async def _abandoned(
         self, now: datetime | None, idle: timedelta, limit: int
@@ -260,11 +272,19 @@ class RecoveryService:
         loop = asyncio.get_running_loop()
         # Start at a random point of the first interval, not in step with the rest of a fleet.
         sweep_at = loop.time() + self._rng.uniform(0, self.next_delay())
-        full = False
         # Queued work is taken at once, though: a worker started on a backlog (or restarted
         # after an outage) must not idle until its first sweep. No wake-up tells it of rows
         # queued before it was listening.
         self._poked.set()
+        self._running = True
+        try:
+            await self._loop(stop, sweep_at)
+        finally:
+            self._running = False
+
+    async def _loop(self, stop: asyncio.Event, sweep_at: float) -> None:
+        loop = asyncio.get_running_loop()
+        full = False
         while not stop.is_set():
             self._slot_freed.clear()
             waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._poked.wait())]
@@ -281,11 +301,13 @@ class RecoveryService:
                     w.cancel()
             if stop.is_set():
                 return
-            if full and self._slot_freed.is_set():
+            if full and self._slot_freed.is_set() and not self._poked.is_set():
                 # Let a few more finish, so a busy node sweeps a few times a second at most.
                 await asyncio.sleep(_MIN_EARLY)
             elif self._poked.is_set() and loop.time() < sweep_at:
-                # A wake-up between sweeps: the queued half only, on the sweep's schedule.
+                # A wake-up between sweeps (or a freed slot with wake-ups still waiting for
+                # one): the queued half only, at once — it claims a page sized to the slots
+                # free by then — and the sweep keeps its schedule.
                 self._poked.clear()
                 try:
                     full = (await self.run_queued()).full

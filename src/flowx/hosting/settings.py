@@ -43,6 +43,11 @@ class HostSettings(BaseModel):
     recovery_scan_batch_size: int = 100
     max_concurrent_recoveries: int = 32
     max_concurrent_flows: int = 1_000
+    #: Queued instances a node claims beyond its free flow slots (R6.4): leased, history
+    #: read, each starting the moment a slot frees rather than a claim's round trip later.
+    #: They hold their leases meanwhile, so other workers pass them over; 0 claims only what
+    #: can start at once.
+    queue_prefetch: int = 16
     #: Threads that run plain-``def`` capabilities (``async def`` ones need none).
     capability_threads: int = 64
     shutdown_drain_timeout: timedelta = timedelta(seconds=30)
@@ -103,6 +108,8 @@ class HostSettings(BaseModel):
             raise ValueError("timer_poll_interval must be above 0")
         if not 0 <= self.recovery_scan_jitter < 1:
             raise ValueError("recovery_scan_jitter is a fraction in [0, 1)")
+        if self.queue_prefetch < 0:
+            raise ValueError("queue_prefetch must be at least 0")
         for name in (
             "recovery_scan_batch_size",
             "max_concurrent_recoveries",

@@ -69,9 +69,7 @@ def check_retry(
     if isinstance(attempts, bool) or not isinstance(attempts, int):
         raise bad(f"attempts={shown(attempts)} must be an int (every try, the first included)")
     if not 1 <= attempts <= MAX_ATTEMPTS:
-        raise bad(
-            f"attempts={attempts} counts the first try: it must be from 1 to {MAX_ATTEMPTS}"
-        )
+        raise bad(f"attempts={attempts} counts the first try: it must be from 1 to {MAX_ATTEMPTS}")
     if backoff not in BACKOFFS:
         raise bad(f"backoff={shown(backoff)} must be one of {', '.join(map(repr, BACKOFFS))}")
     if (

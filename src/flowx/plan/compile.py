@@ -125,8 +125,7 @@ def check_names(flow_id: object, version: object, drafts: Drafts) -> None:
     if not isinstance(version, str) or name_problem(version) is not None:
         raise PlanArgumentError(
             "FLOWX1014",
-            f"flow {shown(flow_id)}: version {shown(version)} must look like '1', '1.2' or "
-            "'1.2.3'",
+            f"flow {shown(flow_id)}: version {shown(version)} must look like '1', '1.2' or '1.2.3'",
             flow_id=str(flow_id),
         )
     _check_draft_names(str(flow_id), drafts)
