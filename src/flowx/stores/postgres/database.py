@@ -153,6 +153,7 @@ class PostgresDatabase:
     ) -> None:
         check_schema(schema, dsn)
         self.dsn = dsn
+        self._where: tuple[str, str] | None = None
         self.schema = schema
         limits = limits or SessionLimits()
         connect_timeout = limits.connect_timeout
@@ -222,7 +223,10 @@ class PostgresDatabase:
         return conn
 
     def where(self) -> str:
-        return f"PostgreSQL at {redact(self.dsn)}"
+        where = self._where
+        if where is None or where[0] != self.dsn:  # asked on every checkout: kept
+            where = self._where = (self.dsn, f"PostgreSQL at {redact(self.dsn)}")
+        return where[1]
 
     @contextlib.asynccontextmanager
     async def connection(self, *, bounded: bool = True) -> AsyncIterator[AsyncConnection[Any]]:

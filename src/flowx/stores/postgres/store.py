@@ -30,6 +30,7 @@ from flowx.stores.postgres.database import PostgresDatabase, redact
 from flowx.stores.postgres.leases import GRANT_OVER_EXPIRED, PostgresLeaseStore
 from flowx.stores.postgres.notify import WORK, Listener, Notifier
 from flowx.stores.postgres.outbox import PostgresOutbox
+from flowx.stores.postgres.reads import SELECT_INSTANCE, BatchedReads
 from flowx.stores.postgres.rows import candidates
 from flowx.stores.postgres.waits import PostgresWaits
 from flowx.stores.protocols import InstanceQuery
@@ -47,10 +48,6 @@ from flowx.stores.records import (
     StepRecord,
 )
 
-# Primary key.
-SELECT_INSTANCE: Final[LiteralString] = (
-    "SELECT " + INSTANCE_COLUMNS + " FROM flow_instance WHERE instance_id = %s"
-)
 # flow_instance_idempotency_idx.
 SELECT_BY_KEY: Final[LiteralString] = (
     "SELECT " + INSTANCE_COLUMNS + " FROM flow_instance WHERE flow_id = %s AND idempotency_key = %s"
@@ -208,6 +205,7 @@ class PostgresJournal:
     ) -> None:
         self._db = db
         self._group = GroupCommitter(db)
+        self._reads = BatchedReads(db)
         self._creates = GroupCreator(db, self.create_one, existing)
         self._notifier = notifier
         self._work = work
@@ -317,10 +315,7 @@ class PostgresJournal:
             return sequence
 
     async def get(self, instance_id: str) -> InstanceRecord | None:
-        async with self._db.connection() as conn:
-            cur = conn.cursor(row_factory=dict_row)
-            row = await (await cur.execute(SELECT_INSTANCE, (instance_id,))).fetchone()
-            return instance_of(row) if row else None
+        return await self._reads.instance(instance_id)
 
     async def find_by_key(self, flow_id: str, idempotency_key: str) -> InstanceRecord | None:
         async with self._db.connection() as conn:

@@ -19,15 +19,14 @@ from psycopg.rows import dict_row
 from flowx.stores.columns import (
     CANDIDATE_COLUMNS,
     INSTANCE_COLUMNS,
-    SIGNAL_COLUMNS,
     TERMINAL_STATES_SQL,
     instance_of,
-    signal_of,
 )
 from flowx.stores.errors import FencedOut, UnknownInstance
 from flowx.stores.postgres.batching import Batcher
 from flowx.stores.postgres.database import PostgresDatabase
 from flowx.stores.postgres.notify import Notifier
+from flowx.stores.postgres.reads import BatchedReads
 from flowx.stores.postgres.rows import candidates
 from flowx.stores.postgres.signals import Delivery, deliver_many, deliver_one
 from flowx.stores.postgres.suspends import suspend_many
@@ -61,11 +60,6 @@ SUSPEND: Final[LiteralString] = (
     "RETURNING 1"
 )
 
-# flow_signal_inbox_idx, in seq order.
-SELECT_SIGNALS: Final[LiteralString] = (
-    "SELECT " + SIGNAL_COLUMNS + " FROM flow_signal "
-    "WHERE instance_id = %s AND name = %s ORDER BY seq"
-)
 
 # flow_instance_wake_idx: a range scan of the partial index in wake_at order, no sort.
 FIND_DUE: Final[LiteralString] = (
@@ -111,6 +105,7 @@ class PostgresWaits:
     def __init__(self, db: PostgresDatabase, work: Notifier | None = None) -> None:
         self._db = db
         self._work = work
+        self._reads = BatchedReads(db)
         # Concurrent suspends share statements (suspends.py), as step commits do.
         self._suspends: Batcher[SuspendCommit, bool] = Batcher(
             self.suspend_one,
@@ -171,10 +166,7 @@ class PostgresWaits:
         return delivered
 
     async def signals(self, instance_id: str, name: str) -> Sequence[SignalRecord]:
-        async with self._db.connection() as conn:
-            cur = conn.cursor(row_factory=dict_row)
-            rows = await (await cur.execute(SELECT_SIGNALS, (instance_id, name))).fetchall()
-        return tuple(signal_of(r) for r in rows)
+        return await self._reads.signals(instance_id, name)
 
     async def find_due(
         self, *, now: datetime, limit: int, flows: Sequence[str] | None = None
