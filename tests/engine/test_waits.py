@@ -405,13 +405,20 @@ async def test_a_signal_after_its_wait_timed_out_is_late_and_kept_nowhere(
 
 
 async def _race(host: flowx.FlowHost, iid: str, senders: int) -> list[str]:
-    """``senders`` keyless signals released at once; their statuses, sorted."""
+    """``senders`` keyless signals released at once; their statuses, sorted. A store may
+    deliver them one after another (PostgreSQL batches deliveries and sends those to one
+    instance in turn), so the woken flow can end before the last is delivered: that one is
+    refused as ``ended`` (``InstanceFinished``), which is what a signal sent after the end
+    gets."""
     start = asyncio.Barrier(senders)
 
     async def send(n: int) -> str:
         await start.wait()
         payload = {"carrier": f"c{n}", "tracking": f"T{n}"}
-        return (await host.signal(iid, "shipped", payload)).status
+        try:
+            return (await host.signal(iid, "shipped", payload)).status
+        except flowx.InstanceFinished:
+            return "ended"
 
     return sorted(await asyncio.gather(*(send(n) for n in range(senders))))
 
@@ -419,13 +426,16 @@ async def _race(host: flowx.FlowHost, iid: str, senders: int) -> list[str]:
 async def test_keyless_signals_racing_to_a_wait_that_happens_once_take_one(
     host_factory: Any,
 ) -> None:
-    """R2.10: eight keyless signals sent at once to a Suspended wait: one wakes it, seven are
-    ``duplicate`` and nothing of them is kept; the flow goes on with the one taken."""
+    """R2.10: eight keyless signals sent at once to a Suspended wait: one wakes it, the seven
+    others are ``duplicate`` (or, delivered after the flow ended, refused) and nothing of them
+    is kept; the flow goes on with the one taken."""
     plan = shipping_flow()
     host = await host_factory(plan)
     handle = await host.start(plan, Order(order_id="race"))
     await until_state(host, handle.instance_id, InstanceState.SUSPENDED)
-    assert await _race(host, handle.instance_id, 8) == ["duplicate"] * 7 + ["woken"]
+    statuses = await _race(host, handle.instance_id, 8)
+    assert statuses.count("woken") == 1, statuses
+    assert set(statuses) <= {"woken", "duplicate", "ended"}, statuses
     [kept] = await host.store.waits.signals(handle.instance_id, "shipped")
     state = await handle.result(timeout=5)
     assert state.shipment == Shipment.model_validate_json(kept.payload)
@@ -467,7 +477,8 @@ async def test_a_wait_that_timed_out_leaves_no_room_for_a_second_signal(
     host_factory: Any, clock: FakeClock
 ) -> None:
     """R2.10: after the first of two waits timed out, only one signal can still be taken:
-    of two sent at once to the second wait, one wakes it and one is a ``duplicate``."""
+    of two sent at once to the second wait, one wakes it and one is a ``duplicate`` (or
+    refused, if the flow has ended by the time it is delivered)."""
     plan = twice_flow()
     host = await host_factory(plan)
     handle = await host.start(plan, Order(order_id="timed-out"))
@@ -477,6 +488,7 @@ async def test_a_wait_that_timed_out_leaves_no_room_for_a_second_signal(
     record = await until_state(host, handle.instance_id, InstanceState.SUSPENDED)
     assert record.wake_at is None  # now at the second wait, which has no timer
     assert calls["chase"] == 1
-    assert await _race(host, handle.instance_id, 2) == ["duplicate", "woken"]
+    statuses = await _race(host, handle.instance_id, 2)
+    assert statuses in (["duplicate", "woken"], ["ended", "woken"]), statuses
     await handle.result(timeout=5)
     assert len(await host.store.waits.signals(handle.instance_id, "shipped")) == 1
