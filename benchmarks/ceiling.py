@@ -10,9 +10,10 @@ then the lease release (``RELEASE_MANY``). The statements are imported from
 the payloads are those B7's flow writes (input ``{"n":N}``, result ``N``, state bag
 ``{"last":N}``).
 
-Group commit as FlowX does it (a batch per free connection, 4 in flight for commits and for
-starts, releases on one ``synchronous_commit = off`` connection), every statement prepared,
-connections held for the run: the writes, the batcher and the two drivers live in
+Group commit as FlowX does it (a lone write at once, a second batch beside one in flight only
+once 32 wait, up to 4 in flight for commits and for starts, releases on one
+``synchronous_commit = off`` connection), every statement prepared, connections held for the
+run: the writes, the batcher and the two drivers live in
 ``benchmarks.ceiling_arms``; this module holds the CLI, the interleaved rounds, the schemas and
 the after-run check, and the table and JSON report.
 

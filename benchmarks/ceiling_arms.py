@@ -14,8 +14,9 @@ that the ceiling follows the engine's SQL; the payloads are those B7's flow writ
 Group commit as FlowX does it, with one minimal batcher (``Group``) shared by both drivers, so
 that what differs between the raw arms is the driver and not the batching: a write goes out at
 once, alone, when a connection is free; writes that arrive while batches are in flight go
-together in the next one (at most ``MAX_BATCH`` a batch, one instance once a batch). Commits
-and starts each have ``MAX_INFLIGHT`` connections (as ``GroupCommitter`` and ``Batcher``);
+together in the next one (at most ``MAX_BATCH`` a batch, one instance once a batch), a batch
+going beside one in flight only once ``SPILL`` writes wait. Commits and starts each have
+``MAX_INFLIGHT`` connections (as ``GroupCommitter`` and ``Batcher``);
 releases one batch at a time on one connection with ``synchronous_commit = off`` (as
 ``ReleaseBatcher`` on the lease store's connection). Connections are opened before the run and
 held: no pool checkout per batch. Every statement is prepared.
@@ -52,6 +53,8 @@ from flowx.stores.records import InstanceState, NewInstance, Outcome, StepCommit
 #: FlowX's batching (commit.GroupCommitter, batching.Batcher, releases.ReleaseBatcher).
 MAX_BATCH = 256
 MAX_INFLIGHT = 4
+#: A second batch goes beside one in flight only once this many writes wait (``Batcher``).
+SPILL = 32
 RELEASE_BATCH = 512
 #: What a FlowHost leases a run for (HostSettings' default TTL), and as whom.
 TTL = timedelta(seconds=30)
@@ -163,8 +166,9 @@ class Asyncpg:
 
 
 class Group(Generic[T]):
-    """FlowX's group-commit pattern, minimal: a batch per free connection, as many as there
-    are connections in flight; what arrives meanwhile waits and goes in the next batch.
+    """FlowX's group-commit pattern, minimal: a lone write goes at once when nothing is in
+    flight; what arrives meanwhile waits and goes in the next batch, a second connection
+    taking one only once ``SPILL`` writes wait.
     ``one`` sends a lone write (``None``: batches of one too go through ``many``)."""
 
     def __init__(
@@ -177,11 +181,15 @@ class Group(Generic[T]):
         max_batch: int,
     ) -> None:
         self._free = list(conns)
+        self._conns = len(conns)
         self._one, self._many, self._key, self._max_batch = one, many, key, max_batch
         self._pending: deque[tuple[T, asyncio.Future[Any]]] = deque()
         self._tasks: set[asyncio.Task[None]] = set()
         self.batches = 0
         self.items = 0
+
+    def _idle(self) -> bool:
+        return len(self._free) == self._conns
 
     async def submit(self, item: T) -> Any:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
@@ -190,7 +198,7 @@ class Group(Generic[T]):
         return await future
 
     def _dispatch(self) -> None:
-        while self._pending and self._free:
+        while self._pending and self._free and (self._idle() or len(self._pending) >= SPILL):
             batch = self._take()
             task = asyncio.get_running_loop().create_task(self._run(self._free.pop(), batch))
             self._tasks.add(task)
