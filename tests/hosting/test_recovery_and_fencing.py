@@ -376,6 +376,9 @@ def test_settings_are_validated_at_start_up() -> None:
         flowx.HostSettings.load(recovery_scan_batch_size=0)
     with pytest.raises(flowx.SettingsError, match="not a duration"):
         flowx.HostSettings.load(lease_ttl="forever")
+    with pytest.raises(flowx.SettingsError, match="queue_prefetch must be at least 0"):
+        flowx.HostSettings.load(queue_prefetch=-1)
+    assert flowx.HostSettings.load(queue_prefetch=0).queue_prefetch == 0  # claims no spare
     ok = flowx.HostSettings.load(lease_ttl="9s")
     assert ok.renewal_interval == timedelta(seconds=3)  # R3.2: TTL/3
 
