@@ -130,8 +130,18 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--concurrency", default="1,16,64")
     parser.add_argument("--out", type=Path, default=None, help="JSON path (default: results/)")
+    parser.add_argument(
+        "--loop",
+        choices=["asyncio", "uvloop"],
+        default="asyncio",
+        help="the event loop (uvloop: measured only, `pip install uvloop`)",
+    )
     args = parser.parse_args()
     plan = make_plan(args.steps)
+    if args.loop == "uvloop":
+        import uvloop  # a measured-only dependency: benchmarks/event_loops.py
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for level in (int(c) for c in args.concurrency.split(",")):
@@ -144,6 +154,7 @@ def main() -> None:
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
         "note": "each level commits `steps` step rows plus one final transition per instance",
+        "loop": args.loop,
         "results": results,
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
