@@ -13,8 +13,11 @@ Three measurements through the real engine on a real store:
   not busy.
 
     python -m benchmarks.waits --store postgresql://postgres@127.0.0.1:5432/test
+    python -m benchmarks.waits --store postgresql://… --against-sqlite --rounds 5
 
-Writes ``benchmarks/results/waits-<backend>.json`` and prints a table. It asserts nothing.
+Writes ``benchmarks/results/waits-<backend>.json`` (``waits-compare.json`` for the second,
+which runs each store in turn, a process each, and reports PostgreSQL/SQLite ratios) and
+prints a table. It asserts nothing.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -235,13 +240,86 @@ async def run(url: str, instances: int, sleep_s: float, concurrency: int) -> dic
     }
 
 
+def _one(url: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One measurement in a process of its own (the other store's run leaves nothing here)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "waits.json"
+        cmd = [sys.executable, "-m", "benchmarks.waits", "--out", str(out)]
+        cmd += ["--instances", str(args.instances), "--sleep", str(args.sleep)]
+        cmd += ["--concurrency", str(args.concurrency)]
+        if url != "sqlite":
+            cmd += ["--store", url]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        result: dict[str, Any] = json.loads(out.read_text())["result"]
+        return result
+
+
+def compare(args: argparse.Namespace) -> None:
+    """PostgreSQL against SQLite, interleaved round by round (the order alternating): the
+    per-round PostgreSQL/SQLite ratios of parks/s and signals/s, and their medians."""
+    stores = (args.store, "sqlite")
+    rounds: list[dict[str, dict[str, Any]]] = []
+    for r in range(args.rounds):
+        order = stores if r % 2 == 0 else tuple(reversed(stores))
+        got = {("postgresql" if s != "sqlite" else "sqlite"): _one(s, args) for s in order}
+        rounds.append(got)
+        pg, sq = got["postgresql"], got["sqlite"]
+        print(
+            f"round {r + 1}/{args.rounds}: parks/s {pg['park_per_s']} vs {sq['park_per_s']}, "
+            f"signals/s {pg['signals_per_s']} vs {sq['signals_per_s']}",
+            flush=True,
+        )
+    summary = {}
+    for key in ("park_per_s", "signals_per_s"):
+        pg = [r["postgresql"][key] for r in rounds]
+        sq = [r["sqlite"][key] for r in rounds]
+        summary[key] = {
+            "postgresql": statistics.median(pg),
+            "sqlite": statistics.median(sq),
+            "postgresql_over_sqlite": round(
+                statistics.median(a / b for a, b in zip(pg, sq, strict=True)), 3
+            ),
+        }
+    out = {
+        "benchmark": "waits, PostgreSQL against SQLite",
+        "when": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
+        "instances": args.instances,
+        "concurrency": args.concurrency,
+        "rounds": rounds,
+        "summary": summary,
+    }
+    path = args.out or RESULTS / "waits-compare.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"medians of {args.rounds} interleaved rounds, {args.instances} instances")
+    for key, row in summary.items():
+        print(
+            f"  {key:>14}  PostgreSQL {row['postgresql']:>8}  SQLite {row['sqlite']:>8}  "
+            f"ratio {row['postgresql_over_sqlite']}"
+        )
+    print(f"written to {path}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--store", default=None, help="store URL (default: a fresh SQLite file)")
     parser.add_argument("--instances", type=int, default=2000)
     parser.add_argument("--sleep", type=float, default=2.0, help="seconds each sleeper sleeps")
     parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument(
+        "--against-sqlite",
+        action="store_true",
+        help="with a PostgreSQL --store: run it and SQLite interleaved, --rounds times",
+    )
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=None, help="JSON path (default: results/)")
     args = parser.parse_args()
+    if args.against_sqlite:
+        if not (args.store or "").startswith("postgres"):
+            parser.error("--against-sqlite needs a PostgreSQL --store")
+        compare(args)
+        return
     url = args.store
     if url is None:
         url = f"sqlite:///{Path(tempfile.mkdtemp()) / 'waits.db'}"
@@ -257,8 +335,8 @@ def main() -> None:
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
         "result": result,
     }
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"waits-{backend}.json"
+    path = args.out or RESULTS / f"waits-{backend}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=2) + "\n")
     print(f"waits on {backend}: {args.instances} instances, concurrency {args.concurrency}")
     for key, value in result.items():
