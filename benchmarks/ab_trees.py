@@ -23,22 +23,21 @@ from typing import Any
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+def b7_command(args: argparse.Namespace) -> list[str]:
+    """B7 (``benchmarks.journal_throughput``) as ``args`` (instances, steps, concurrency,
+    store) ask for it, in a process of its own."""
+    cmd = [sys.executable, "-m", "benchmarks.journal_throughput"]
+    cmd += ["--instances", str(args.instances), "--steps", str(args.steps)]
+    cmd += ["--concurrency", args.concurrency]
+    if args.store:
+        cmd += ["--store", args.store]
+    return cmd
+
+
 def one_run(tree: Path, args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
     """One B7 run of ``tree``'s own benchmark against ``tree``'s own flowx."""
     env = dict(os.environ, PYTHONPATH=str((tree / "src").resolve()))
-    cmd = [
-        sys.executable,
-        "-m",
-        "benchmarks.journal_throughput",
-        "--instances",
-        str(args.instances),
-        "--steps",
-        str(args.steps),
-        "--concurrency",
-        args.concurrency,
-    ]
-    if args.store:
-        cmd += ["--store", args.store]
+    cmd = b7_command(args)
     bench = (tree / "benchmarks" / "journal_throughput.py").read_text()
     if '"--out"' in bench:
         cmd += ["--out", str(out)]

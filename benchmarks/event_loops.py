@@ -23,28 +23,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from benchmarks.ab_trees import b7_command
+
 RESULTS = Path(__file__).resolve().parent / "results"
 LOOPS = ("asyncio", "uvloop")
 
 
 def one_run(loop: str, args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "benchmarks.journal_throughput",
-        "--loop",
-        loop,
-        "--instances",
-        str(args.instances),
-        "--steps",
-        str(args.steps),
-        "--concurrency",
-        args.concurrency,
-        "--out",
-        str(out),
-    ]
-    if args.store:
-        cmd += ["--store", args.store]
+    cmd = [*b7_command(args), "--loop", loop, "--out", str(out)]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     results: list[dict[str, Any]] = json.loads(out.read_text())["results"]
     return results
