@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -159,3 +160,29 @@ async def _until_queued(stores: PostgresStores, count: int, timeout: float = 10.
         if loop.time() > end:
             pytest.fail(f"{len(batcher._pending)} deliveries queued, expected {count}")
         await asyncio.sleep(0.01)
+
+
+async def test_a_claim_reads_the_inbox_of_a_woken_wait_with_the_steps(
+    pg_schema: Callable[[], str],
+) -> None:
+    """A claimed instance woken at a signal wait comes with that name's inbox, read in the
+    claim's second round trip (the run's first look needs no read of its own); one that waits
+    for nothing comes without (``None``: not read)."""
+    stores = PostgresStores(PG_DSN, schema=pg_schema())
+    await stores.open()
+    try:
+        woken = await make_instance(stores)
+        await stores.waits.suspend(suspend_commit(woken, signal="go"))
+        await stores.waits.signal(woken, "go", '{"n": 1}', key="a", now=at(6))
+        await stores.waits.signal(woken, "other", '{"n": 2}', key=None, now=at(6))
+        queued = await make_instance(stores, state=InstanceState.PENDING)
+        claimed = await stores.claim_queued(
+            owner="n1", ttl=timedelta(seconds=30), limit=10, flows=None, now=at(7)
+        )
+        histories = {lease.instance_id: history for lease, history in claimed}
+        assert set(histories) == {woken, queued}
+        inbox = histories[woken].inbox
+        assert inbox is not None and [(s.name, s.key) for s in inbox] == [("go", "a")]
+        assert histories[queued].inbox is None
+    finally:
+        await stores.close()

@@ -39,6 +39,7 @@ from flowx.stores.records import (
     InstanceState,
     NewInstance,
     RecoveryCandidate,
+    SignalRecord,
     StepRecord,
 )
 
@@ -196,7 +197,15 @@ class InstanceRunner:
             durable = ctx.hold(stores, lease, sent)
             record = history.instance
             plan = ctx.plans.plan(record.flow_id, record.flow_version)
-            self._spawn(plan, record, history.steps, durable, recovering=True, queued=True)
+            self._spawn(
+                plan,
+                record,
+                history.steps,
+                durable,
+                recovering=True,
+                queued=True,
+                inbox=history.inbox,
+            )
         return len(claimed)
 
     async def resume_candidate(self, candidate: RecoveryCandidate, queued: bool) -> ResumeVerdict:
@@ -332,6 +341,7 @@ class InstanceRunner:
         spec: RunSpec,
         lease: DurableLease | None = None,
         record: InstanceRecord | None = None,
+        inbox: tuple[SignalRecord, ...] | None = None,
     ) -> Execution:
         """The one place a node builds an ``Execution``: ``spec`` says which run (from a
         record, undoing a child, Ephemeral); the ports bind it to this node. A durable run
@@ -351,7 +361,7 @@ class InstanceRunner:
                 registry=ctx.registry,
                 executor=ctx.threads,
                 waits=(
-                    DurableWaits(ctx, record, lease, self)
+                    DurableWaits(ctx, record, lease, self, inbox=inbox)
                     if record is not None and lease is not None
                     else None
                 ),
@@ -369,13 +379,14 @@ class InstanceRunner:
         *,
         recovering: bool = False,
         queued: bool = False,
+        inbox: tuple[SignalRecord, ...] | None = None,
     ) -> None:
         lease.start()
         iid = record.instance_id
         if recovering and not queued:
             self.recovering.add(iid)
         task = asyncio.get_running_loop().create_task(
-            self._execute(plan, record, history, lease), name=f"flowx-{iid}"
+            self._execute(plan, record, history, lease, inbox), name=f"flowx-{iid}"
         )
         self.tasks[iid] = task
 
@@ -396,6 +407,7 @@ class InstanceRunner:
         record: InstanceRecord,
         history: tuple[StepRecord, ...],
         lease: DurableLease,
+        inbox: tuple[SignalRecord, ...] | None = None,
     ) -> RunResult | None:
         iid = record.instance_id
         try:
@@ -406,7 +418,7 @@ class InstanceRunner:
                     history,
                     max_resumes=self._ctx.settings.max_resumes_without_progress,
                 )
-                execution = self._execution(spec, lease, record)
+                execution = self._execution(spec, lease, record, inbox)
                 try:
                     result = await execution.run()
                 except asyncio.CancelledError:

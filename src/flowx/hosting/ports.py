@@ -93,14 +93,27 @@ class DurableWaits:
     """Binds the engine's waits to the stores, under the run's lease (R2.4)."""
 
     def __init__(
-        self, ctx: NodeContext, record: InstanceRecord, lease: DurableLease, children: Children
+        self,
+        ctx: NodeContext,
+        record: InstanceRecord,
+        lease: DurableLease,
+        children: Children,
+        *,
+        inbox: tuple[SignalRecord, ...] | None = None,
     ) -> None:
         self._ctx = ctx
         self._record = record
         self._lease = lease
         self._children = children
+        # The inbox of the awaited name as the claim read it, under this lease: used for the
+        # first look only. A signal delivered after that read is not lost — the seal refuses
+        # while one waits unconsumed, and the run then reads the inbox from the store.
+        self._inbox = inbox
 
     async def signals(self, name: str) -> list[SignalRecord]:
+        inbox, self._inbox = self._inbox, None
+        if inbox is not None and name == self._record.wake_signal:
+            return list(inbox)
         waits = self._ctx.require_stores().waits
         return list(await waits.signals(self._record.instance_id, name))
 

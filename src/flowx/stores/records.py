@@ -263,10 +263,13 @@ class SignalReceipt:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class History:
     """What a node reads when it takes over an instance: its row and every committed step,
-    ordered by ``sequence`` (R2.8)."""
+    ordered by ``sequence`` (R2.8). ``inbox``: where the store read it in the same round trip,
+    the signals of the name the instance was waiting for, in ``seq`` order (``None``: not
+    read; the run reads it when it needs it)."""
 
     instance: InstanceRecord
     steps: tuple[StepRecord, ...]
+    inbox: tuple[SignalRecord, ...] | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -6,7 +6,8 @@ waited for), grants a lease on each whose lease is free, raises its fence to the
 makes it ``Running`` — all in one round trip, so a second worker's claim never sees the same
 rows as ``Pending`` again. A row whose lease is still live (a start that has not released it
 yet) is passed over and left ``Pending`` for a later claim. The histories of what was claimed
-are read in a second round trip, one statement for the page.
+are read in a second round trip, one statement for the page, pipelined with the inboxes of
+those that were waiting for a signal.
 """
 
 from __future__ import annotations
@@ -17,10 +18,17 @@ from typing import Final, LiteralString
 
 from psycopg.rows import dict_row
 
-from flowx.stores.columns import INSTANCE_COLUMNS, STEP_COLUMNS, instance_of, step_of
+from flowx.stores.columns import (
+    INSTANCE_COLUMNS,
+    STEP_COLUMNS,
+    instance_of,
+    signal_of,
+    step_of,
+)
 from flowx.stores.postgres.database import PostgresDatabase
 from flowx.stores.postgres.leases import GRANT_OVER_EXPIRED
-from flowx.stores.records import History, Lease, StepRecord
+from flowx.stores.postgres.reads import SELECT_INBOXES
+from flowx.stores.records import History, Lease, SignalRecord, StepRecord
 
 _F_COLUMNS: Final = ", ".join(f"f.{c.strip()}" for c in INSTANCE_COLUMNS.split(","))
 
@@ -98,13 +106,27 @@ async def claim_queued(
         return []
     ids = [str(r["instance_id"]) for r in rows]
     steps: dict[str, list[StepRecord]] = {i: [] for i in ids}
+    # Those woken at a signal wait run by reading its inbox first: read here too, in the
+    # same round trip as the steps.
+    waiting = [(str(r["instance_id"]), r["wake_signal"]) for r in rows if r["wake_signal"]]
+    inboxes: dict[str, list[SignalRecord]] = {iid: [] for iid, _ in waiting}
     # A block of its own: the claim's commit waits for its WAL flush, and each block of round
     # trips has one deadline (R9.1).
     async with db.connection() as conn:
         cur = conn.cursor(row_factory=dict_row)
-        for s in await (await cur.execute(STEPS_OF_MANY, (ids,), prepare=True)).fetchall():
+        signals = conn.cursor(row_factory=dict_row)
+        async with conn.pipeline():
+            await cur.execute(STEPS_OF_MANY, (ids,), prepare=True)
+            if waiting:
+                names = ([iid for iid, _ in waiting], [name for _, name in waiting])
+                await signals.execute(SELECT_INBOXES, names, prepare=True)
+        for s in await cur.fetchall():
             record = step_of(s)
             steps[str(record.instance_id)].append(record)
+        if waiting:
+            for s in await signals.fetchall():
+                signal = signal_of(s)
+                inboxes[str(signal.instance_id)].append(signal)
     claimed: list[tuple[Lease, History]] = []
     for row in rows:
         lease = Lease(
@@ -114,6 +136,11 @@ async def claim_queued(
             expires_at=row.pop("lease_expires"),
         )
         instance = instance_of(row)
-        history = History(instance=instance, steps=tuple(steps[lease.instance_id]))
+        inbox = inboxes.get(lease.instance_id)
+        history = History(
+            instance=instance,
+            steps=tuple(steps[lease.instance_id]),
+            inbox=tuple(inbox) if inbox is not None else None,
+        )
         claimed.append((lease, history))
     return claimed
