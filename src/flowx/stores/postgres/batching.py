@@ -58,8 +58,10 @@ class Batcher(Generic[T, R]):
 
     A second batch goes out beside one in flight only once ``spill`` writes wait: below that,
     they wait for it and leave as one statement (measured: parks/s on PostgreSQL 1.3x those
-    of four lanes open to any write; benchmarks/waits.py). A batch held up — a row lock
-    someone else holds — thus still lets the rest through once they pile up behind it."""
+    of four lanes open to any write; benchmarks/waits.py). A batch held up — a reply that
+    never comes, a row lock someone else holds — still lets the rest through: once they pile
+    up behind it, or once it has been out for ``patience`` seconds (a healthy batch takes a
+    few milliseconds), whichever comes first."""
 
     def __init__(
         self,
@@ -71,11 +73,13 @@ class Batcher(Generic[T, R]):
         max_batch: int = 256,
         max_inflight: int = 4,
         spill: int = 32,
+        patience: float = 0.02,
     ) -> None:
         self._one, self._many = one, many
         self._key, self._group = key, group
         self._max_batch, self._max_inflight = max_batch, max_inflight
-        self._spill = spill
+        self._spill, self._patience = spill, patience
+        self._timer: asyncio.TimerHandle | None = None
         self._pending: deque[tuple[T, asyncio.Future[R]]] = deque()
         self._inflight = 0
         self._tasks: set[asyncio.Task[None]] = set()
@@ -90,17 +94,25 @@ class Batcher(Generic[T, R]):
         self._dispatch()
         return await future
 
-    def _dispatch(self) -> None:
-        while (
-            self._pending
-            and self._inflight < self._max_inflight
-            and (self._inflight == 0 or len(self._pending) >= self._spill)
-        ):
+    def _dispatch(self, *, overdue: bool = False) -> None:
+        while self._pending and self._inflight < self._max_inflight:
+            if self._inflight and len(self._pending) < self._spill and not overdue:
+                # Wait for the batch in flight — but not for a hung one: past ``patience``
+                # the writes behind it take a lane of their own (R9.1).
+                if self._timer is None:
+                    loop = asyncio.get_running_loop()
+                    self._timer = loop.call_later(self._patience, self._overdue)
+                return
+            overdue = False
             batch = self._take()
             self._inflight += 1
             task = asyncio.get_running_loop().create_task(self._run(batch))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+
+    def _overdue(self) -> None:
+        self._timer = None
+        self._dispatch(overdue=True)
 
     def _take(self) -> list[tuple[T, asyncio.Future[R]]]:
         group = self._group(self._pending[0][0])
