@@ -15,6 +15,7 @@ from collections.abc import Callable
 from datetime import timedelta
 
 from flowx.stores.postgres import PostgresStores
+from flowx.stores.records import InstanceState
 from flowx.testing.conformance._support import at, make_instance
 from tests.postgres.support import aconnect
 from tests.postgres_support import PG_DSN
@@ -79,4 +80,34 @@ async def test_an_acquire_takes_a_free_instance_that_no_one_holds(
         )
         assert lone is not None
     finally:
+        await stores.close()
+
+
+async def test_a_claim_passes_over_an_instance_whose_lease_row_is_held(
+    pg_schema: Callable[[], str],
+) -> None:
+    """R9.1: a queued instance whose lease row another transaction holds (an acquire waiting
+    for its commit's flush on a slow disk) is passed over, not waited for; once free, the next
+    claim takes it."""
+    schema = pg_schema()
+    stores = PostgresStores(PG_DSN, schema=schema)
+    await stores.open()
+    holder = await aconnect(schema)
+    try:
+        iid = await make_instance(stores, state=InstanceState.PENDING)
+        first = await stores.leases.acquire(iid, owner="a", ttl=TTL, now=at(1))
+        assert first is not None
+        await stores.leases.release(first, now=at(1.5))
+        async with holder.transaction():
+            await holder.execute(
+                "SELECT 1 FROM flow_lease WHERE instance_id = %s FOR UPDATE", (iid,)
+            )
+            claimed = await asyncio.wait_for(
+                stores.claim_queued(owner="b", ttl=TTL, limit=10, flows=None, now=at(2)), GUARD_S
+            )
+            assert claimed == []
+        claimed = await stores.claim_queued(owner="b", ttl=TTL, limit=10, flows=None, now=at(3))
+        assert [lease.instance_id for lease, _ in claimed] == [iid]
+    finally:
+        await holder.close()
         await stores.close()

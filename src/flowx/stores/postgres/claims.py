@@ -4,8 +4,10 @@
 ``FOR UPDATE SKIP LOCKED`` (rows another node's claim holds right now are passed over, not
 waited for), grants a lease on each whose lease is free, raises its fence to the new token and
 makes it ``Running`` — all in one round trip, so a second worker's claim never sees the same
-rows as ``Pending`` again. A row whose lease is still live (a start that has not released it
-yet) is passed over and left ``Pending`` for a later claim. The histories of what was claimed
+rows as ``Pending`` again. Neither row is waited for: an instance whose lease row another
+transaction holds is passed over like one whose instance row is held. A row whose lease is
+still live (a start that has not released it yet) is passed over and left ``Pending`` for a
+later claim. The histories of what was claimed
 are read in a second round trip, one statement for the page, pipelined with the inboxes of
 those that were waiting for a signal.
 """
@@ -48,10 +50,20 @@ WITH t AS (
      ORDER BY f.updated_at, f.instance_id
      LIMIT %(limit)s
        FOR UPDATE OF f SKIP LOCKED
+), held AS (
+    -- their lease rows, without waiting either: a row another transaction holds (an acquire
+    -- committing under a slow disk) would hold this claim past its deadline (R9.1)
+    SELECT l.instance_id FROM flow_lease l
+     WHERE l.instance_id IN (SELECT instance_id FROM picked)
+       FOR UPDATE OF l SKIP LOCKED
+), grantable AS (
+    SELECT p.instance_id, p.fence FROM picked p
+     WHERE p.instance_id IN (SELECT instance_id FROM held)
+        OR NOT EXISTS (SELECT 1 FROM flow_lease l WHERE l.instance_id = p.instance_id)
 ), granted AS (
     INSERT INTO flow_lease AS l (instance_id, owner_node, fencing_token, expires_at, acquired_at)
     SELECT p.instance_id, %(owner)s, p.fence + 1, t.now + %(ttl)s::interval, t.now
-      FROM picked p, t
+      FROM grantable p, t
 """
     + GRANT_OVER_EXPIRED
     + """    RETURNING instance_id, fencing_token, expires_at
