@@ -45,9 +45,11 @@ class HostSettings(BaseModel):
     max_concurrent_flows: int = 1_000
     #: Queued instances a node claims beyond its free flow slots (R6.4): leased, history
     #: read, each starting the moment a slot frees rather than a claim's round trip later.
-    #: They hold their leases meanwhile, so other workers pass them over; 0 claims only what
-    #: can start at once.
-    queue_prefetch: int = 16
+    #: They hold their leases meanwhile, so other workers pass them over. 0 (the default)
+    #: claims only what can start at once: a node that prefetches claims more often, and
+    #: under a slow disk a claim can outlast its deadline (its outcome then unknown, what it
+    #: took waits a lease TTL for recovery).
+    queue_prefetch: int = 0
     #: Threads that run plain-``def`` capabilities (``async def`` ones need none).
     capability_threads: int = 64
     shutdown_drain_timeout: timedelta = timedelta(seconds=30)
