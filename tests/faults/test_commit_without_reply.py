@@ -4,10 +4,16 @@ Node A reaches the journal through a fault proxy; node B reaches it directly and
 recovery scan. While A runs an instance's ``effect`` step, the proxy is told to withhold the
 reply to the next request carrying that step's commit: the server receives it, executes it
 (the row lands), and its answer never comes back, the connection left open — a pooler that
-lost its server side, a frozen backend. Then:
+lost its server side, a frozen backend.
 
-(a) A's commit fails at its client deadline (TTL/3) with ``JournalNoAnswer``, an unknown
-    outcome; A stops the run there and compensates nothing (R3.5);
+When only that reply is lost, A settles the outcome itself (the first test): its commit ends
+at the deadline with ``JournalNoAnswer``, A re-reads the instance under the lease it still
+holds, finds the row landed and runs on — same owner, same token, nothing run twice.
+
+When A then cannot reach the journal at all (a partition right after: the second test):
+
+(a) A's commit fails at its client deadline (TTL/2) with ``JournalNoAnswer``, an unknown
+    outcome; A cannot re-read, stops the run and compensates nothing (R3.5);
 (b) B takes the instance over within TTL + a scan interval of that write, and completes it;
 (c) the effect ran once: the commit had landed, so B re-reads it and does not re-run it; the
     journal holds exactly one success row for the step;
@@ -39,6 +45,50 @@ from tests.support.polling import until
 DEADLINE = TTL / 2  # what a host bounds every round trip to (HostSettings.round_trip_timeout)
 
 
+async def test_a_commit_without_reply_is_settled_by_its_owner_under_the_same_lease(
+    proxy: FaultProxy, make_node: MakeNode, schema: str
+) -> None:
+    """R9.1: an unknown outcome is settled by re-reading under the lease still held, not by
+    a takeover a TTL later; R2.4: no new token is issued."""
+    a = await make_node("A", proxied=True, recovery=False)
+    b = await make_node("B", proxied=False, recovery=True)
+    tap = WriteTap(a, "A")
+    tap_b = WriteTap(b, "B")
+
+    gated_flow.hold("settled")
+    with on_node("A"):
+        victim = await a.start(FLOW, Job(name="settled"))
+    iid = victim.instance_id
+    await signalled(gated_flow.entered["settled"], within=10, what="the effect started on A")
+    caught = proxy.withhold_next_reply(commit_of(gated_flow.EFFECT))
+    gated_flow.gates["settled"].set()
+    await signalled(caught, within=10, what="the proxy caught the effect's commit")
+
+    # A's run ends by itself, on A, well inside a TTL of the lost reply.
+    assert await victim.result(timeout=TTL + 10) == gated_flow.JobState(effect="A", after="A")
+    [write, after] = tap.of(iid)
+    assert write.step == gated_flow.EFFECT and isinstance(write.error, JournalNoAnswer)
+    assert after.step == gated_flow.AFTER and after.error is None
+    assert after.token == write.token  # the same lease throughout
+    # A re-read under that token, after the landed row: it resumed from it.
+    assert [(o.token, o.next_sequence) for o in tap.opens if o.instance_id == iid] == [
+        (write.token, 2)
+    ]
+    steps = await rows(
+        schema,
+        "SELECT step_name, outcome, result FROM flow_step WHERE instance_id = %s ORDER BY sequence",
+        iid,
+    )
+    assert steps == [(gated_flow.EFFECT, "Success", "A"), (gated_flow.AFTER, "Success", "A")]
+    [(fence,)] = await rows(schema, "SELECT fence FROM flow_instance WHERE instance_id = %s", iid)
+    assert fence == write.token
+    assert ledger.nodes(iid, "effect") == ["A"]
+    assert ledger.nodes(iid, "after") == ["A"]
+    assert ledger.count(iid, "undo") == 0
+    assert tap_b.of(iid) == [] and not [o for o in tap_b.opens if o.instance_id == iid]
+    await proxy.forward()
+
+
 async def test_a_commit_without_reply_is_taken_over_within_a_ttl_and_runs_nothing_twice(
     proxy: FaultProxy, make_node: MakeNode, schema: str
 ) -> None:
@@ -60,6 +110,7 @@ async def test_a_commit_without_reply_is_taken_over_within_a_ttl_and_runs_nothin
     caught = proxy.withhold_next_reply(commit_of(gated_flow.EFFECT))
     gated_flow.gates["victim"].set()
     await signalled(caught, within=10, what="the proxy caught the effect's commit")
+    await proxy.blackhole()  # and A reaches the journal no more: it cannot settle it
 
     # (a) A's commit ends at its deadline, as an unknown outcome; A's run stops.
     await until(lambda: tap.of(iid), within=DEADLINE + 10, what="A's commit ended")

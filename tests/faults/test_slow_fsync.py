@@ -16,14 +16,19 @@ needs about 10 s of 2 s commits), then is lifted.
 
 Asserted: the fault was in force (a probe's one-row commits took at least the delay); no
 lease was lost or went unrenewed (the workers' logs); every instance was held by one owner
-under one token from its start to its end (a watch polls ``flow_lease``); no round trip overran
-the client deadline and no run was left for recovery; nothing ran twice (the ledger outside
-the journal); instances completed while the fault held, and all of them in the end.
+under one token from its start to its end (a watch polls ``flow_lease``); no run was left for
+recovery and no queue claim left to expire — a round trip that overran its deadline was
+settled where it happened, re-read under the lease it was made under; nothing ran twice (the
+ledger outside the journal); instances completed while the fault held, and all of them in the
+end.
 
 Measured, not asserted: steps committed per second with and without the delay, the commit
-latency the probe saw, how many round trips overran the deadline (TTL/3), how many tokens were
-issued. With two or more writers a commit waits for the flush under way and then for its own,
-so under a delay d it takes about 2d: at d = TTL/5 that is 0.4 TTL, past a TTL/3 deadline.
+latency the probe saw, how many round trips overran the deadline (TTL/2) and how many of those
+were settled in place, how many tokens were issued. With two or more writers a commit waits
+for the flush under way and then for its own, so under a delay d it takes about 2d (0.4 TTL
+here, inside the deadline); a write that must first flush WAL to evict a dirty page, or that
+queues behind the WAL writer's flush as well, takes 3d — past it. Those overruns are real
+and cannot be tuned away at this delay: what is asserted is that none of them costs a lease.
 """
 
 from __future__ import annotations
@@ -265,7 +270,10 @@ def test_live_owners_keep_their_leases_and_work_finishes_under_a_slow_fsync(
             "instances_completed_under_fault": done_under_fault,
             "seconds_to_finish_after_lift": round((t2 - until).total_seconds(), 2),
             "round_trips_past_deadline": _count(workers, "gave no answer within"),
+            "overruns_settled_in_place": _count(workers, "running on here")
+            + _count(workers, "run here under the lease it was granted"),
             "runs_left_for_recovery": _count(workers, "journal unavailable mid-run"),
+            "claims_left_to_expire": _count(workers, "taking queued work failed"),
             "leases_lost_locally": len(lost),
             "instances_whose_lease_changed_hands": len(changed),
             "tokens_issued_beyond_the_first": sum(len(v) - 1 for v in changed.values()),
@@ -278,8 +286,8 @@ def test_live_owners_keep_their_leases_and_work_finishes_under_a_slow_fsync(
         problems = [
             f"{k}={figures[k]}"
             for k in (
-                "round_trips_past_deadline",
                 "runs_left_for_recovery",
+                "claims_left_to_expire",
                 "leases_lost_locally",
                 "instances_whose_lease_changed_hands",
                 "steps_run_twice",

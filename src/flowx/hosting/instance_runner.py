@@ -28,9 +28,16 @@ from flowx.hosting.lease import DurableLease
 from flowx.hosting.outcomes import after_run, hand_back
 from flowx.hosting.ports import DurableCommitter, DurableWaits, EphemeralCommitter
 from flowx.hosting.recovery import RecoveryService, ResumeVerdict
+from flowx.hosting.settling import renew_late, reopen
+from flowx.hosting.threads import RunThreads
 from flowx.hosting.timers import TimerService
 from flowx.plan.model import Plan, SubFlowNode
-from flowx.stores.errors import FencedOut, JournalUnavailable, UnknownInstance
+from flowx.stores.errors import (
+    FencedOut,
+    JournalNoAnswer,
+    JournalUnavailable,
+    UnknownInstance,
+)
 from flowx.stores.protocols import LeasedCreate, QueueClaims, Stores
 from flowx.stores.records import (
     CreateResult,
@@ -193,6 +200,8 @@ class InstanceRunner:
             flows=ctx.plans.refs(),
             now=ctx.clock.store_time(),
         )
+        if claimed and time.monotonic() - sent > ctx.settings.renewal_interval.total_seconds():
+            claimed, sent = await renew_late(ctx, stores, claimed)
         for lease, history in claimed:
             durable = ctx.hold(stores, lease, sent)
             record = history.instance
@@ -342,6 +351,7 @@ class InstanceRunner:
         lease: DurableLease | None = None,
         record: InstanceRecord | None = None,
         inbox: tuple[SignalRecord, ...] | None = None,
+        threads: RunThreads | None = None,
     ) -> Execution:
         """The one place a node builds an ``Execution``: ``spec`` says which run (from a
         record, undoing a child, Ephemeral); the ports bind it to this node. A durable run
@@ -359,7 +369,7 @@ class InstanceRunner:
                 ),
                 clock=ctx.clock,
                 registry=ctx.registry,
-                executor=ctx.threads,
+                executor=threads if threads is not None else ctx.threads,
                 waits=(
                     DurableWaits(ctx, record, lease, self, inbox=inbox)
                     if record is not None and lease is not None
@@ -412,27 +422,16 @@ class InstanceRunner:
         iid = record.instance_id
         try:
             async with self._slots:
-                spec = RunSpec.from_record(
-                    plan,
-                    record,
-                    history,
-                    max_resumes=self._ctx.settings.max_resumes_without_progress,
-                )
-                execution = self._execution(spec, lease, record, inbox)
-                try:
-                    result = await execution.run()
-                except asyncio.CancelledError:
-                    if not self._ctx.accepting:
-                        await hand_back(execution, iid, CANCEL_GRACE / 2)
-                    raise
-                log.debug("instance %s: %s", iid, result.outcome)
+                result = await self._run_durable(plan, record, history, lease, inbox)
+            if result is None:
+                return None  # its end was committed before the journal fell silent
             await after_run(self._ctx, plan, record, result, timers=self.timers, wake=self.wake)
             return result
         except NonDeterminismError as exc:
             log.error("instance %s cannot be resumed on this node: %s", iid, exc)
         except JournalUnavailable as exc:
-            # A failed commit may have committed: re-read before re-executing anything. The
-            # lease is released below, so recovery (here or on a peer) re-opens the instance
+            # A failed commit may have committed, and it could not be re-read here under the
+            # lease: released below, so recovery (here or on a peer) re-opens the instance
             # from what the journal really holds.
             log.warning(
                 "instance %s: journal unavailable mid-run (%s); left for recovery", iid, exc
@@ -444,6 +443,45 @@ class InstanceRunner:
         finally:
             await lease.release()
         return None
+
+    async def _run_durable(
+        self,
+        plan: Plan,
+        record: InstanceRecord,
+        history: tuple[StepRecord, ...],
+        lease: DurableLease,
+        inbox: tuple[SignalRecord, ...] | None,
+    ) -> RunResult | None:
+        """Run to the end of this turn. A journal write with no answer within its deadline
+        (a slow disk, a lost reply: the journal is there, its outcome unknown) does not end
+        the turn while the lease holds: the instance is re-opened under the same lease —
+        which waits for that write if the server is still committing it — and runs on from
+        what the journal holds (R9.1). A journal that refuses connections ends it: the run
+        is left for recovery, as before.
+        ``None``: the write was the instance's end, and it landed."""
+        iid = record.instance_id
+        while True:
+            spec = RunSpec.from_record(
+                plan, record, history, max_resumes=self._ctx.settings.max_resumes_without_progress
+            )
+            threads = RunThreads(self._ctx.threads) if self._ctx.threads is not None else None
+            execution = self._execution(spec, lease, record, inbox, threads)
+            try:
+                result = await execution.run()
+            except asyncio.CancelledError:
+                if not self._ctx.accepting:
+                    await hand_back(execution, iid, CANCEL_GRACE / 2)
+                raise
+            except JournalNoAnswer as exc:
+                reopened = await reopen(self._ctx, lease, threads, exc)
+                if reopened is None:
+                    raise
+                record, history, inbox = reopened.instance, reopened.steps, None
+                if record.state.terminal:
+                    return None
+                continue
+            log.debug("instance %s: %s", iid, result.outcome)
+            return result
 
     # -- background wakes and the drain ----------------------------------------------------
 

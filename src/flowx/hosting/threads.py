@@ -173,3 +173,29 @@ class CapabilityThreads(Executor):
                 self._idle += 1
         with self._lock, contextlib.suppress(KeyError):
             self._threads.remove(threading.current_thread())
+
+
+class RunThreads(Executor):
+    """One run's view of the node's capability threads: which of its calls still run.
+
+    A run that stops on a journal error may go on here from what the journal holds (the
+    same lease, re-read), but never while a call it gave up on is still inside a capability:
+    that step would run twice at once."""
+
+    def __init__(self, threads: CapabilityThreads) -> None:
+        self._threads = threads
+        self._running: set[Future[Any]] = set()
+
+    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
+        future = self._threads.submit(fn, *args, **kwargs)
+        self._running.add(future)
+        future.add_done_callback(self._running.discard)
+        return future
+
+    def abandon(self, future: Future[Any]) -> None:
+        self._threads.abandon(future)
+
+    @property
+    def busy(self) -> bool:
+        """A call of this run is still inside its capability."""
+        return any(not f.done() for f in list(self._running))
