@@ -152,7 +152,7 @@ def journal() -> Iterator[Journal]:
 
 def _dollars(query: str) -> str:
     numbers = iter(range(1, 1000))
-    return re.sub(r"%s", lambda _: f"${next(numbers)}", query)
+    return re.sub(r"%[sb]", lambda _: f"${next(numbers)}", query)
 
 
 def explain(
@@ -362,14 +362,14 @@ def test_the_timer_scan_returns_due_sleepers_earliest_first(journal: Journal) ->
 
 
 def _by_position(query: str, named: dict[str, Any]) -> tuple[str, tuple[Any, ...]]:
-    """``query`` with each ``%(name)s`` as ``%s``, and its values in that order."""
+    """``query`` with each ``%(name)s`` (or ``%(name)b``) as ``%s``, its values in order."""
     values: list[Any] = []
 
     def one(match: re.Match[str]) -> str:
         values.append(named[match.group(1)])
         return "%s"
 
-    return re.sub(r"%\((\w+)\)s", one, query), tuple(values)
+    return re.sub(r"%\((\w+)\)[sb]", one, query), tuple(values)
 
 
 @PLANS

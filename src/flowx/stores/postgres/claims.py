@@ -56,7 +56,7 @@ WITH t AS (
 ), picked AS (
     SELECT f.instance_id, f.fence FROM flow_instance f, t
      WHERE f.state = 'Pending'
-       AND (%(flows)s::text[] IS NULL OR (f.flow_id || '@' || f.flow_version) = ANY (%(flows)s))
+       AND (%(flows)b::text[] IS NULL OR (f.flow_id || '@' || f.flow_version) = ANY (%(flows)b))
        -- a start that has not released its lease yet is not at the head of every page
        AND NOT EXISTS (SELECT 1 FROM flow_lease l
                         WHERE l.instance_id = f.instance_id AND l.expires_at > t.now)
@@ -99,7 +99,7 @@ SELECT * FROM opened
 CLAIM_PLAN: Final[LiteralString] = "SET LOCAL enable_sort = off"
 # flow_step's primary key; each instance's rows in commit order (R2.8).
 STEPS_OF_MANY: Final[LiteralString] = (
-    "SELECT " + STEP_COLUMNS + " FROM flow_step WHERE instance_id = ANY (%s::uuid[]) "
+    "SELECT " + STEP_COLUMNS + " FROM flow_step WHERE instance_id = ANY (%b::uuid[]) "
     "ORDER BY instance_id, sequence"
 )
 
@@ -117,11 +117,11 @@ STEPS_OF_MANY: Final[LiteralString] = (
 # statement re-checks only the rows it locks once a wait ends, and would judge the instance
 # rows as its snapshot saw them before the claim committed.
 AWAIT_CLAIM: Final[LiteralString] = (
-    "SELECT 1 FROM flow_instance WHERE instance_id = ANY (%(ids)s::uuid[]) FOR SHARE"
+    "SELECT 1 FROM flow_instance WHERE instance_id = ANY (%(ids)b::uuid[]) FOR SHARE"
 )
 SETTLE_CLAIM: Final[LiteralString] = """
 UPDATE flow_lease l SET expires_at = coalesce(%(now)s::timestamptz, now()) + %(ttl)s::interval
-  FROM unnest(%(ids)s::uuid[], %(tokens)s::bigint[]) AS r(instance_id, token), flow_instance f
+  FROM unnest(%(ids)b::uuid[], %(tokens)b::bigint[]) AS r(instance_id, token), flow_instance f
  WHERE l.instance_id = r.instance_id AND l.fencing_token = r.token AND l.owner_node = %(owner)s
    AND f.instance_id = r.instance_id AND f.fence = r.token AND f.state = 'Running'
 RETURNING l.instance_id::text, l.expires_at

@@ -20,6 +20,12 @@ its outcome is unknown, and recovery re-reads the journal before anything re-run
 
 At low load a commit goes out at once, alone; batches form only while earlier ones are in
 flight, which is exactly when waiting costs nothing.
+
+Every array parameter of this store's statements is sent in binary (``%(name)b``, here and in
+the other batched statements): psycopg writes a list in text format element by element, each
+string matched by a regular expression for quoting, about 470 µs for one 28-commit batch
+against 134 µs in binary, on the client CPU the engine shares with the rest of the run. The
+values are the same; ``NULL`` elements and empty arrays go through unchanged.
 """
 
 from __future__ import annotations
@@ -74,9 +80,9 @@ WITH inst AS (
                               partition_key, payload, staged_at)
     SELECT e.event_id, %(instance_id)s, ok.seq, (e.ord - 1)::int, e.type, e.schema_version,
            e.partition_key, e.payload::json, ok.now
-      FROM ok, unnest(%(event_ids)s::uuid[], %(event_types)s::text[],
-                      %(event_versions)s::text[], %(event_keys)s::text[],
-                      %(event_payloads)s::text[])
+      FROM ok, unnest(%(event_ids)b::uuid[], %(event_types)b::text[],
+                      %(event_versions)b::text[], %(event_keys)b::text[],
+                      %(event_payloads)b::text[])
            WITH ORDINALITY AS e(event_id, type, schema_version, partition_key, payload, ord)
     RETURNING 1
 )
@@ -148,12 +154,12 @@ def outcome_of(commit: StepCommit, row: tuple[Any, ...]) -> int | None:
 COMMIT_BATCH: Final[LiteralString] = """
 WITH input AS (
     SELECT * FROM unnest(
-        %(instance_ids)s::uuid[], %(tokens)s::bigint[], %(has_step)s::bool[],
-        %(scopes)s::text[], %(step_ids)s::int[], %(attempts)s::int[], %(step_names)s::text[],
-        %(outcomes)s::text[], %(results)s::text[], %(capability_ids)s::text[],
-        %(capability_versions)s::text[], %(nondeterministic)s::text[],
-        %(durations)s::bigint[], %(state_bags)s::text[], %(states)s::text[],
-        %(errors)s::text[], %(nows)s::timestamptz[]
+        %(instance_ids)b::uuid[], %(tokens)b::bigint[], %(has_step)b::bool[],
+        %(scopes)b::text[], %(step_ids)b::int[], %(attempts)b::int[], %(step_names)b::text[],
+        %(outcomes)b::text[], %(results)b::text[], %(capability_ids)b::text[],
+        %(capability_versions)b::text[], %(nondeterministic)b::text[],
+        %(durations)b::bigint[], %(state_bags)b::text[], %(states)b::text[],
+        %(errors)b::text[], %(nows)b::timestamptz[]
     ) WITH ORDINALITY AS i(instance_id, token, has_step, scope, step_id, attempt, step_name,
                            outcome, result, capability_id, capability_version,
                            nondeterministic, duration_ms, state_bag, state, error, now, ord)
@@ -197,9 +203,9 @@ WITH input AS (
                               partition_key, payload, staged_at)
     SELECT e.event_id, ok.instance_id, ok.seq, e.ordinal, e.type, e.schema_version,
            e.partition_key, e.payload::json, ok.now
-      FROM unnest(%(event_commit)s::bigint[], %(event_ordinals)s::int[], %(event_ids)s::uuid[],
-                  %(event_types)s::text[], %(event_versions)s::text[], %(event_keys)s::text[],
-                  %(event_payloads)s::text[])
+      FROM unnest(%(event_commit)b::bigint[], %(event_ordinals)b::int[], %(event_ids)b::uuid[],
+                  %(event_types)b::text[], %(event_versions)b::text[], %(event_keys)b::text[],
+                  %(event_payloads)b::text[])
            AS e(commit_ord, ordinal, event_id, type, schema_version, partition_key, payload)
       JOIN ok ON ok.ord = e.commit_ord
      ORDER BY e.commit_ord, e.ordinal

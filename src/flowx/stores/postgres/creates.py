@@ -32,11 +32,11 @@ CREATE_LEASED_BATCH: Final[LiteralString] = (
     """
 WITH input AS (
     SELECT * FROM unnest(
-        %(instance_ids)s::uuid[], %(flow_ids)s::text[], %(flow_versions)s::text[],
-        %(tenant_ids)s::text[], %(states)s::text[], %(inputs)s::text[], %(state_bags)s::text[],
-        %(keys)s::text[], %(correlations)s::text[], %(deadlines)s::timestamptz[],
-        %(parents)s::uuid[], %(parent_scopes)s::text[], %(parent_steps)s::int[],
-        %(codecs)s::int[]
+        %(instance_ids)b::uuid[], %(flow_ids)b::text[], %(flow_versions)b::text[],
+        %(tenant_ids)b::text[], %(states)b::text[], %(inputs)b::text[], %(state_bags)b::text[],
+        %(keys)b::text[], %(correlations)b::text[], %(deadlines)b::timestamptz[],
+        %(parents)b::uuid[], %(parent_scopes)b::text[], %(parent_steps)b::int[],
+        %(codecs)b::int[]
     ) WITH ORDINALITY AS i(instance_id, flow_id, flow_version, tenant_id, state, input,
                            state_bag, idempotency_key, correlation_id, deadline_at,
                            parent_instance_id, parent_scope, parent_step_id, codec_version, ord)

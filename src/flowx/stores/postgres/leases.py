@@ -84,7 +84,7 @@ SELECT fencing_token, expires_at FROM granted
 RENEW_MANY: Final[LiteralString] = """
 UPDATE flow_lease l SET expires_at = t.now + %(ttl)s::interval
   FROM (SELECT coalesce(%(now)s::timestamptz, now()) AS now) t,
-       unnest(%(ids)s::uuid[], %(tokens)s::bigint[]) AS r(instance_id, token)
+       unnest(%(ids)b::uuid[], %(tokens)b::bigint[]) AS r(instance_id, token)
  WHERE l.instance_id = r.instance_id AND l.fencing_token = r.token AND l.expires_at > t.now
 RETURNING l.instance_id::text, l.expires_at
 """
@@ -94,7 +94,7 @@ RETURNING l.instance_id::text, l.expires_at
 # worker elsewhere.
 RELEASE_MANY: Final[LiteralString] = """
 UPDATE flow_lease l SET expires_at = coalesce(r.now, now())
-  FROM unnest(%(ids)s::uuid[], %(tokens)s::bigint[], %(nows)s::timestamptz[])
+  FROM unnest(%(ids)b::uuid[], %(tokens)b::bigint[], %(nows)b::timestamptz[])
        AS r(instance_id, token, now)
  WHERE l.instance_id = r.instance_id AND l.fencing_token = r.token
    AND l.expires_at > coalesce(r.now, now())

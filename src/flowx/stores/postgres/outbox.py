@@ -61,7 +61,7 @@ SELECT """
 )
 
 MARK_PUBLISHED: Final[LiteralString] = (
-    "UPDATE outbox_event SET published_at = %(now)s WHERE event_id = ANY(%(ids)s::uuid[])"
+    "UPDATE outbox_event SET published_at = %(now)s WHERE event_id = ANY(%(ids)b::uuid[])"
 )
 
 REFUSE: Final[LiteralString] = """

@@ -26,7 +26,7 @@ SELECT_INSTANCE: Final[LiteralString] = (
 )
 # Primary key, one probe per id.
 SELECT_INSTANCES: Final[LiteralString] = (
-    "SELECT " + INSTANCE_COLUMNS + " FROM flow_instance WHERE instance_id = ANY (%s::uuid[])"
+    "SELECT " + INSTANCE_COLUMNS + " FROM flow_instance WHERE instance_id = ANY (%b::uuid[])"
 )
 # flow_signal_inbox_idx, in seq order.
 SELECT_SIGNALS: Final[LiteralString] = (
@@ -36,7 +36,7 @@ SELECT_SIGNALS: Final[LiteralString] = (
 # flow_signal_inbox_idx, one range per (instance, name).
 SELECT_INBOXES: Final[LiteralString] = (
     "SELECT " + SIGNAL_COLUMNS + " FROM flow_signal "
-    "WHERE (instance_id, name) IN (SELECT * FROM unnest(%s::uuid[], %s::text[])) "
+    "WHERE (instance_id, name) IN (SELECT * FROM unnest(%b::uuid[], %b::text[])) "
     "ORDER BY instance_id, name, seq"
 )
 

@@ -77,15 +77,15 @@ SELECT (SELECT seq FROM kept), (SELECT count(*) FROM woken),
 # Primary key, in id order.
 LOCK_MANY: Final[LiteralString] = (
     "SELECT instance_id::text, state FROM flow_instance "
-    "WHERE instance_id = ANY (%(ids)s::uuid[]) ORDER BY instance_id FOR UPDATE"
+    "WHERE instance_id = ANY (%(ids)b::uuid[]) ORDER BY instance_id FOR UPDATE"
 )
 # DELIVER_SIGNAL, one row per input (each input a different instance), in input order.
 DELIVER_BATCH: Final[LiteralString] = (
     """
 WITH input AS (
     SELECT * FROM unnest(
-        %(ids)s::uuid[], %(names)s::text[], %(keys)s::text[], %(payloads)s::text[],
-        %(limits)s::int[], %(nows)s::timestamptz[]
+        %(ids)b::uuid[], %(names)b::text[], %(keys)b::text[], %(payloads)b::text[],
+        %(limits)b::int[], %(nows)b::timestamptz[]
     ) WITH ORDINALITY AS i(instance_id, name, key, payload, lim, now, ord)
 ), live AS (
     SELECT i.* FROM input i JOIN flow_instance f ON f.instance_id = i.instance_id

@@ -20,7 +20,7 @@ from flowx.stores.records import SuspendCommit
 # Primary key, in id order.
 LOCK_MANY: Final[LiteralString] = (
     "SELECT instance_id::text, fence FROM flow_instance "
-    "WHERE instance_id = ANY (%(ids)s::uuid[]) ORDER BY instance_id FOR UPDATE"
+    "WHERE instance_id = ANY (%(ids)b::uuid[]) ORDER BY instance_id FOR UPDATE"
 )
 # As SUSPEND (waits.py), one row per input; ``consumed`` is every input's consumed seqs,
 # flattened with the input's ordinal.
@@ -28,13 +28,13 @@ SUSPEND_BATCH: Final[LiteralString] = (
     """
 WITH input AS (
     SELECT * FROM unnest(
-        %(ids)s::uuid[], %(tokens)s::bigint[], %(wake_ats)s::timestamptz[], %(step_ids)s::int[],
-        %(scopes)s::text[], %(signals)s::text[], %(children)s::uuid[], %(state_bags)s::text[],
-        %(nows)s::timestamptz[]
+        %(ids)b::uuid[], %(tokens)b::bigint[], %(wake_ats)b::timestamptz[], %(step_ids)b::int[],
+        %(scopes)b::text[], %(signals)b::text[], %(children)b::uuid[], %(state_bags)b::text[],
+        %(nows)b::timestamptz[]
     ) WITH ORDINALITY AS i(instance_id, token, wake_at, step_id, scope, signal, child,
                            state_bag, now, ord)
 ), consumed AS (
-    SELECT * FROM unnest(%(consumed_ords)s::bigint[], %(consumed_seqs)s::bigint[])
+    SELECT * FROM unnest(%(consumed_ords)b::bigint[], %(consumed_seqs)b::bigint[])
            AS c(ord, seq)
 )
 UPDATE flow_instance f

@@ -54,7 +54,7 @@ SUSPEND: Final[LiteralString] = (
     "state_bag = coalesce(%(state_bag)s::json, state_bag), updated_at = %(now)s, "
     "version = version + 1 WHERE instance_id = %(instance_id)s AND fence <= %(token)s "
     "AND NOT EXISTS (SELECT 1 FROM flow_signal WHERE instance_id = %(instance_id)s "
-    "AND name = %(signal)s AND seq <> ALL (%(consumed)s::bigint[])) "
+    "AND name = %(signal)s AND seq <> ALL (%(consumed)b::bigint[])) "
     "AND NOT EXISTS (SELECT 1 FROM flow_instance c WHERE c.instance_id = %(child)s::uuid "
     "AND c.state IN " + TERMINAL_STATES_SQL + ") "
     "RETURNING 1"
@@ -70,7 +70,7 @@ FIND_DUE: Final[LiteralString] = (
 FIND_DUE_CARRIED: Final[LiteralString] = (
     "SELECT " + CANDIDATE_COLUMNS + " FROM flow_instance "
     "WHERE state = 'Suspended' AND wake_at <= %s "
-    "AND (flow_id || '@' || flow_version) = ANY (%s::text[]) ORDER BY wake_at LIMIT %s"
+    "AND (flow_id || '@' || flow_version) = ANY (%b::text[]) ORDER BY wake_at LIMIT %s"
 )
 # flow_instance_wake_idx: min() over an index is its first entry.
 NEXT_WAKE: Final[LiteralString] = "SELECT min(wake_at) FROM flow_instance WHERE state = 'Suspended'"
@@ -78,7 +78,7 @@ NEXT_WAKE: Final[LiteralString] = "SELECT min(wake_at) FROM flow_instance WHERE 
 # entry.
 NEXT_WAKE_CARRIED: Final[LiteralString] = (
     "SELECT wake_at FROM flow_instance WHERE state = 'Suspended' AND wake_at IS NOT NULL "
-    "AND (flow_id || '@' || flow_version) = ANY (%s::text[]) ORDER BY wake_at LIMIT 1"
+    "AND (flow_id || '@' || flow_version) = ANY (%b::text[]) ORDER BY wake_at LIMIT 1"
 )
 
 # A replay re-opens the instance; history is untouched. Primary key.
