@@ -4,6 +4,7 @@ leases (``CommitReleases``): no release round trip follows. Where the leases liv
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -65,3 +66,33 @@ async def test_with_leases_kept_elsewhere_the_run_still_releases(
     await until_state(host, handle.instance_id, InstanceState.COMPLETED)
     assert released == [handle.instance_id]
     assert (await leases.current(handle.instance_id)).expires_at <= clock.now()
+
+
+async def test_a_result_waits_for_the_commit_not_for_the_release_after_it(
+    host_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The outcome is settled once the terminal commit lands: a caller waiting on the handle
+    has it while the lease release is still on its way (one round trip less on its path),
+    and the run still releases, and ends, once that release is through."""
+    leases = flowx.memory().leases
+    real = leases.release
+    held = asyncio.Event()
+    sent: list[str] = []
+
+    async def held_release(lease: Any, *, now: Any) -> None:
+        sent.append(lease.instance_id)
+        await held.wait()
+        await real(lease, now=now)
+
+    monkeypatch.setattr(leases, "release", held_release)
+    leases.open, leases.close, leases.describe = _nothing, _nothing, lambda: "memory leases"
+    plan = one_step()
+    host = await host_factory(plan, store=flowx.with_leases(flowx.memory(), leases))
+    handle = await host.start(plan, Order(order_id="r3"))
+    # Bounded only so that a regression fails instead of hanging: the release is held.
+    await asyncio.wait_for(handle.result(), timeout=10)  # raises unless Completed
+    assert (await host.get(handle.instance_id)).state is InstanceState.COMPLETED
+    assert host.in_flight == 1  # the run is still releasing: it cannot end before that
+    held.set()
+    await host.wait_idle(timeout=30)
+    assert sent == [handle.instance_id] and host.in_flight == 0

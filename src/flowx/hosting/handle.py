@@ -26,7 +26,7 @@ class RunsHere(Protocol):
     """What a handle asks of the node's runner."""
 
     @property
-    def tasks(self) -> Mapping[str, asyncio.Task[RunResult | None]]: ...
+    def outcomes(self) -> Mapping[str, asyncio.Future[RunResult | None]]: ...
 
     def ephemeral_result(self, instance_id: str) -> RunResult | None: ...
 
@@ -66,8 +66,9 @@ class FlowHandle(Generic[S]):
     async def result(self, *, timeout: float | None = None, poll: float = 0.1) -> Any:
         """The final state of a Completed instance; raises ``FlowFailed`` for a failed one.
 
-        Waits on this node's own task when it runs the instance here, and otherwise watches
-        the journal, so a handle works whichever node finishes the instance.
+        Waits on this node's own run when it runs the instance here (its outcome, settled
+        once committed, before the run's lease is released), and otherwise watches the
+        journal, so a handle works whichever node finishes the instance.
         """
         return await asyncio.wait_for(self._result(poll), timeout)
 
@@ -78,11 +79,11 @@ class FlowHandle(Generic[S]):
             ephemeral = runner.ephemeral_result(self.instance_id)
         if ephemeral is not None:
             return _finish(self.plan, self.instance_id, ephemeral)
-        task = runner.tasks.get(self.instance_id)
-        if task is not None:
+        running = runner.outcomes.get(self.instance_id)
+        if running is not None:
             outcome: RunResult | None = None
             with contextlib.suppress(Exception):
-                outcome = await asyncio.shield(task)
+                outcome = await asyncio.shield(running)
             if outcome is not None and outcome.final_state is not None:
                 # This node ran it to the end: its result is what it committed.
                 return _finish(self.plan, self.instance_id, outcome)

@@ -72,6 +72,10 @@ class InstanceRunner:
         self._ctx = ctx
         #: The instances running here, by id.
         self.tasks: dict[str, asyncio.Task[RunResult | None]] = {}
+        #: Each running instance's outcome, settled as soon as it is committed — before the
+        #: run's lease is released, so a caller waiting on a result does not wait for that
+        #: round trip too. ``None``: the run ended without one (the caller reads the journal).
+        self.outcomes: dict[str, asyncio.Future[RunResult | None]] = {}
         #: Those taken over by a recovery sweep (not queued): they count against its slots.
         self.recovering: set[str] = set()
         self._wakers: set[asyncio.Task[Any]] = set()
@@ -277,6 +281,11 @@ class InstanceRunner:
         it after. Refused when another node holds it or it moved since it was read."""
         stores = self._ctx.require_stores()
         instance_id = record.instance_id
+        ending = self.tasks.get(instance_id)
+        if ending is not None:
+            # This node's own run of it has given its outcome and is releasing its lease:
+            # wait for that rather than refuse (never cancelled by this wait).
+            await asyncio.wait([ending])
         claimed = await self._claim(stores, record)
         if claimed is None:
             raise FlowXError(
@@ -395,14 +404,24 @@ class InstanceRunner:
         iid = record.instance_id
         if recovering and not queued:
             self.recovering.add(iid)
-        task = asyncio.get_running_loop().create_task(
-            self._execute(plan, record, history, lease, inbox), name=f"flowx-{iid}"
+        loop = asyncio.get_running_loop()
+        outcome: asyncio.Future[RunResult | None] = loop.create_future()
+        task = loop.create_task(
+            self._execute(plan, record, history, lease, inbox, outcome), name=f"flowx-{iid}"
         )
         self.tasks[iid] = task
+        self.outcomes[iid] = outcome
 
         def done(t: asyncio.Task[RunResult | None]) -> None:
             if self.tasks.get(iid) is t:
                 del self.tasks[iid]
+            if self.outcomes.get(iid) is outcome:
+                del self.outcomes[iid]
+            if not outcome.done():
+                if t.cancelled():
+                    outcome.cancel()
+                else:
+                    outcome.set_result(None if t.exception() is not None else t.result())
             self.recovering.discard(iid)
             if self.recovery is not None:
                 self.recovery.slot_freed()
@@ -417,7 +436,8 @@ class InstanceRunner:
         record: InstanceRecord,
         history: tuple[StepRecord, ...],
         lease: DurableLease,
-        inbox: tuple[SignalRecord, ...] | None = None,
+        inbox: tuple[SignalRecord, ...] | None,
+        outcome: asyncio.Future[RunResult | None],
     ) -> RunResult | None:
         iid = record.instance_id
         try:
@@ -426,6 +446,11 @@ class InstanceRunner:
             if result is None:
                 return None  # its end was committed before the journal fell silent
             await after_run(self._ctx, plan, record, result, timers=self.timers, wake=self.wake)
+            # Committed: whoever waits for it has it now, not after the release below — and
+            # first: one turn of the loop lets the waiter's wake-up run before the release's
+            # statement is built and sent.
+            outcome.set_result(result)
+            await asyncio.sleep(0)
             return result
         except NonDeterminismError as exc:
             log.error("instance %s cannot be resumed on this node: %s", iid, exc)
