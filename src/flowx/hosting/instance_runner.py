@@ -503,6 +503,10 @@ class InstanceRunner:
                     raise
                 record, history, inbox = reopened.instance, reopened.steps, None
                 if record.state.terminal:
+                    # Its end landed: that commit made a parent Pending, as after_run
+                    # would have resumed it here; without this it waits for a sweep.
+                    if record.parent_instance_id is not None:
+                        self.wake(record.parent_instance_id)
                     return None
                 continue
             log.debug("instance %s: %s", iid, result.outcome)
