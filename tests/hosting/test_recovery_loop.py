@@ -142,3 +142,36 @@ async def test_a_freed_slot_with_wakeups_waiting_claims_at_once() -> None:
         stop.set()
         await asyncio.wait_for(loop, timeout=30)
     assert not service.claims_queued
+
+
+async def test_a_full_node_on_a_backlog_claims_again_as_slots_free_without_a_sweep() -> None:
+    """R6.4: the last pass filled every slot, so work is likely still queued: as slots free
+    the node claims the next page with the queued pass alone, with no wake-up and no whole
+    sweep (no abandoned row is read), until a pass finds nothing more."""
+    free = [2]
+    claims = Claims(free)
+    claims.take = 2
+    service = _claiming(free, claims, prefetch=0)
+    index = service._index  # type: ignore[attr-defined]
+    stop = asyncio.Event()
+    loop = asyncio.create_task(service.run_forever(stop))
+    try:
+        await asyncio.wait_for(claims.asked.wait(), timeout=30)
+        assert claims.rooms == [2] and free == [0]  # full
+        for _ in range(3):  # both runs end, one after the other, with no wake-up between
+            claims.asked.clear()
+            free[0] += 1
+            service.slot_freed()
+            free[0] += 1
+            service.slot_freed()
+            await asyncio.wait_for(claims.asked.wait(), timeout=30)
+        claims.take = 0  # the queue is empty now
+        claims.asked.clear()
+        free[0] += 2
+        service.slot_freed()
+        await asyncio.wait_for(claims.asked.wait(), timeout=30)
+        assert sum(claims.rooms) >= 8 and all(room >= 1 for room in claims.rooms)
+        assert index.abandoned_reads == 0
+    finally:
+        stop.set()
+        await asyncio.wait_for(loop, timeout=30)

@@ -27,6 +27,7 @@ work, not recovery: they are bounded by the node's free flow slots, not its reco
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 from collections.abc import Awaitable, Callable
@@ -214,11 +215,31 @@ class RecoveryService:
             for verdict in await self._take(queued, queued=True):
                 counts[verdict] += 1
             page = len(queued)
-        if page >= room and self._queued_room() > 0:
-            # A full page and slots still free: a backlog. Take the next page at once rather
-            # than after a slot frees (the sweep's schedule is unchanged).
+        if page >= room and self._queued_room() >= self._page_worth():
+            # A full page and a page's worth of slots free again: a backlog. Take the next
+            # page at once (the sweep's schedule is unchanged). Fewer free slots wait for
+            # more to free (the loop's backlog pause): a claim is a write, and one for every
+            # slot that frees during the last claim would cost more than the runs it feeds.
             self._poked.set()
         return _QueuedPass(counts=counts, page=page, full=page >= room)
+
+    def _page_worth(self) -> int:
+        """How many free slots make a claim worth its write: a quarter of the largest page
+        (the scan batch, or the node's flow slots if fewer)."""
+        most = self._settings.recovery_scan_batch_size
+        if self._free_flow_slots is not None:
+            most = min(most, self._settings.max_concurrent_flows)
+        return max(1, most // 4)
+
+    async def _some_slots_free(self, until: float) -> None:
+        """Wait until a page's worth of slots is free, or ``until`` (the loop's clock),
+        whichever comes first."""
+        loop = asyncio.get_running_loop()
+        enough = self._page_worth()
+        while self._queued_room() < enough and loop.time() < until:
+            self._slot_freed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._slot_freed.wait(), until - loop.time())
 
     def _queued_room(self) -> int:
         batch = self._settings.recovery_scan_batch_size
@@ -301,10 +322,18 @@ class RecoveryService:
                     w.cancel()
             if stop.is_set():
                 return
-            if full and self._slot_freed.is_set() and not self._poked.is_set():
+            backlog = full and self._slot_freed.is_set() and not self._poked.is_set()
+            if backlog and loop.time() < sweep_at:
+                # The last pass filled every slot, so queued work is likely left: claim again
+                # as slots free — a page at a time (a quarter of the slots, or what freed
+                # within a short pause), not a claim per slot — without a whole sweep, which
+                # keeps its schedule. A pass that finds the queue empty ends this.
+                await self._some_slots_free(loop.time() + _MIN_EARLY)
+                self._poked.set()
+            elif backlog:
                 # Let a few more finish, so a busy node sweeps a few times a second at most.
                 await asyncio.sleep(_MIN_EARLY)
-            elif self._poked.is_set() and loop.time() < sweep_at:
+            if self._poked.is_set() and loop.time() < sweep_at:
                 # A wake-up between sweeps (or a freed slot with wake-ups still waiting for
                 # one): the queued half only, at once — it claims a page sized to the slots
                 # free by then — and the sweep keeps its schedule.
