@@ -23,9 +23,9 @@ flight, which is exactly when waiting costs nothing.
 
 Every array parameter of this store's statements is sent in binary (``%(name)b``, here and in
 the other batched statements): psycopg writes a list in text format element by element, each
-string matched by a regular expression for quoting, about 470 µs for one 28-commit batch
-against 134 µs in binary, on the client CPU the engine shares with the rest of the run. The
-values are the same; ``NULL`` elements and empty arrays go through unchanged.
+string matched by a regular expression for quoting — about 3.5× the client CPU of binary for
+a 28-commit batch (``benchmarks/array_params.py``), CPU the engine shares with the rest of
+the run. The values are the same; ``NULL`` elements and empty arrays go through unchanged.
 """
 
 from __future__ import annotations
