@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP) ## crash a worker mid-flight (SQLite; STORE=postgresql://... for PostgreSQL); another finishes
 	$(BIN)/python -m examples.demo$(if $(STORE), --store "$(STORE)")
 
-services: ## check the PostgreSQL, Redis, RabbitMQ, NATS and MariaDB the tests use; start any that is down
+services: ## check the PostgreSQL, Redis, RabbitMQ and NATS the tests use; start any that is down
 	@bash scripts/services.sh
 
 lint: $(STAMP) ## ruff and import-linter (the engine is pure; layers point down)

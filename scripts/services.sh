@@ -39,7 +39,6 @@ ensure Redis 6379 redis-server redis-server --daemonize yes --bind 127.0.0.1 -::
 ensure RabbitMQ 5672 rabbitmq-server rabbitmq-server -detached || failed=1
 ensure NATS 4222 /usr/sbin/nats-server start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server \
   -- -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log || failed=1
-ensure MariaDB 3306 /usr/sbin/mariadbd start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd || failed=1
 
 if [ "$failed" != 0 ]; then
   echo "services: some servers the tests need are missing (see above)" >&2

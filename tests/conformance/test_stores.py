@@ -20,6 +20,7 @@ from flowx.testing.conformance import (
     LeaseStoreConformance,
     OutboxConformance,
     RecoveryIndexConformance,
+    StopStoreConformance,
     WaitStoreConformance,
 )
 from tests.postgres_support import PG_DSN
@@ -90,4 +91,8 @@ class TestChangeFeed(ChangeFeedConformance):
 
 
 class TestWaitStore(WaitStoreConformance):
+    pass
+
+
+class TestStopStore(StopStoreConformance):
     pass

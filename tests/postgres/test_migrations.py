@@ -38,13 +38,59 @@ FOLDERS = {"postgres": PG_FOLDER, "sqlite": SQLITE_FOLDER}
 
 _FORBIDDEN = re.compile(r"\b(DROP|RENAME)\b|\bSET\s+NOT\s+NULL\b", re.IGNORECASE)
 _LINE_COMMENT = re.compile(r"--[^\n]*")
+# `CHECK (column IN ('a', 'b'))`, quotes single or doubled (inside an SQL string literal).
+_CHECK_LIST = re.compile(r"CHECK\s*\(\s*(\w+)\s+IN\s*\(([^()]*)\)\s*\)", re.IGNORECASE)
+# PostgreSQL: a CHECK replaced by one of the same name in one statement.
+_PG_SWAP = re.compile(
+    r"DROP\s+CONSTRAINT\s+(\w+)\s*,\s*ADD\s+CONSTRAINT\s+(\w+)\s+(CHECK\s*\(.*?\)\s*\))",
+    re.IGNORECASE | re.DOTALL,
+)
+# SQLite: a table definition edited in place, `replace(sql, 'old text', 'new text')`.
+_LITE_EDIT = re.compile(
+    r"UPDATE\s+sqlite_schema\s+SET\s+sql\s*=\s*replace\(\s*sql\s*,\s*'((?:[^']|'')*)'\s*,"
+    r"\s*'((?:[^']|'')*)'\s*\)",
+    re.IGNORECASE,
+)
 
 
-def contract_statements(sql_text: str) -> list[str]:
-    """The forbidden words (DROP, RENAME, SET NOT NULL) in ``sql_text``, comments ignored."""
-    return [
-        " ".join(m[0].upper().split()) for m in _FORBIDDEN.finditer(_LINE_COMMENT.sub("", sql_text))
-    ]
+def check_lists(sql_text: str) -> dict[str, frozenset[str]]:
+    """Every `CHECK (column IN (...))` in ``sql_text``: the values each column may take."""
+    return {
+        m[1].lower(): frozenset(re.findall(r"'+([^',]+)'+", m[2]))
+        for m in _CHECK_LIST.finditer(sql_text)
+    }
+
+
+def _widening(old: dict[str, frozenset[str]], new: dict[str, frozenset[str]], known: Any) -> bool:
+    """One CHECK list replaced by another on the same column that keeps every value the
+    column could hold before (``known``: the lists earlier migrations left)."""
+    if len(new) != 1 or set(new) != set(old or new):
+        return False
+    ((column, values),) = new.items()
+    before = old.get(column) if old else known.get(column)
+    return before is not None and known.get(column) == before and values >= before
+
+
+def contract_statements(sql_text: str, known: dict[str, frozenset[str]] | None = None) -> list[str]:
+    """The forbidden words (DROP, RENAME, SET NOT NULL) in ``sql_text``, comments ignored.
+
+    A CHECK constraint replaced by a *wider* one is an expand step, not a contract: the old
+    rows all still pass, and a node of the previous release writes only values both lists
+    hold. So a `DROP CONSTRAINT c, ADD CONSTRAINT c CHECK (col IN (...))` (PostgreSQL) or an
+    in-place `replace(sql, 'old CHECK', 'new CHECK')` of a table definition (SQLite) passes
+    when the new list holds every value of ``known`` (the lists the earlier migrations left
+    for that column). A narrower or different one is reported as the DROP it is."""
+    text = _LINE_COMMENT.sub("", sql_text)
+    known = known or {}
+    for m in list(_PG_SWAP.finditer(text)):
+        if m[1] == m[2] and _widening({}, check_lists(m[3]), known):
+            text = text.replace(m[0], " ")
+    for m in list(_LITE_EDIT.finditer(text)):
+        if _widening(check_lists(m[1]), check_lists(m[2]), known):
+            text = text.replace(m[0], " ")
+        else:
+            text = text.replace(m[0], " DROP ")
+    return [" ".join(m[0].upper().split()) for m in _FORBIDDEN.finditer(text)]
 
 
 def _sql_files(folder: Path) -> list[Path]:
@@ -74,13 +120,81 @@ def test_the_contract_check_finds_forbidden_statements(text: str, found: list[st
 
 @pytest.mark.parametrize("backend", sorted(FOLDERS))
 def test_no_migration_after_the_first_drops_renames_or_sets_not_null(backend: str) -> None:
-    """R7.4: only expand steps after 0001; a contract needs a release of its own."""
+    """R7.4: only expand steps after 0001 (a widened CHECK is one); a contract needs a
+    release of its own."""
     files = _sql_files(FOLDERS[backend])
     assert files and files[0].name.startswith("0001_")
-    offences = {
-        f.name: found for f in files[1:] if (found := contract_statements(f.read_text("utf-8")))
-    }
+    known = check_lists(files[0].read_text("utf-8"))
+    offences = {}
+    for f in files[1:]:
+        text = f.read_text("utf-8")
+        if found := contract_statements(text, known):
+            offences[f.name] = found
+        plain = _LINE_COMMENT.sub("", text)
+        known = {**known, **check_lists(_LITE_EDIT.sub("", plain).split("WHERE")[0])}
+        for edit in _LITE_EDIT.finditer(plain):
+            known = {**known, **check_lists(edit[2])}
     assert offences == {}
+    assert known["state"] >= {"Cancelled", "Terminated"}  # 0008 was read as a widening
+
+
+_STATES = "CHECK (state IN ('Pending', 'Running'))"
+_KNOWN = {"state": frozenset({"Pending", "Running"})}
+
+
+@pytest.mark.parametrize(
+    ("text", "found"),
+    [
+        # PostgreSQL: the same constraint, every old value kept: an expand step.
+        (
+            "ALTER TABLE t DROP CONSTRAINT t_state_check, ADD CONSTRAINT t_state_check "
+            "CHECK (state IN ('Pending', 'Running', 'Cancelled')) NOT VALID;",
+            [],
+        ),
+        # A value dropped: rows in that state would break the constraint.
+        (
+            "ALTER TABLE t DROP CONSTRAINT t_state_check, ADD CONSTRAINT t_state_check "
+            "CHECK (state IN ('Pending', 'Cancelled'));",
+            ["DROP"],
+        ),
+        # Dropped and replaced under another name, or on another column: not a widening.
+        (
+            "ALTER TABLE t DROP CONSTRAINT t_state_check, ADD CONSTRAINT other "
+            "CHECK (state IN ('Pending', 'Running', 'Cancelled'));",
+            ["DROP"],
+        ),
+        (
+            "ALTER TABLE t DROP CONSTRAINT t_state_check, ADD CONSTRAINT t_state_check "
+            "CHECK (kind IN ('Pending', 'Running', 'Cancelled'));",
+            ["DROP"],
+        ),
+        ("ALTER TABLE t DROP CONSTRAINT t_state_check;", ["DROP"]),
+        # SQLite: a definition edited in place from the known list to a wider one.
+        (
+            "UPDATE sqlite_schema SET sql = replace(sql, 'CHECK (state IN (''Pending'', "
+            "''Running''))', 'CHECK (state IN (''Pending'', ''Running'', ''Cancelled''))') "
+            "WHERE name = 't';",
+            [],
+        ),
+        (
+            "UPDATE sqlite_schema SET sql = replace(sql, 'CHECK (state IN (''Pending'', "
+            "''Running''))', 'CHECK (state IN (''Pending''))') WHERE name = 't';",
+            ["DROP"],
+        ),
+        # An edit from a list that is not the one the column has: it would match nothing.
+        (
+            "UPDATE sqlite_schema SET sql = replace(sql, 'CHECK (state IN (''Pending''))', "
+            "'CHECK (state IN (''Pending'', ''Running'', ''X''))') WHERE name = 't';",
+            ["DROP"],
+        ),
+    ],
+)
+def test_the_contract_check_tells_a_widened_check_from_a_destructive_one(
+    text: str, found: list[str]
+) -> None:
+    """R7.4: widening a CHECK is an expand step; narrowing or dropping one is a contract."""
+    assert check_lists(_STATES) == _KNOWN
+    assert contract_statements(text, _KNOWN) == found
 
 
 @pytest.mark.parametrize("backend", sorted(FOLDERS))

@@ -21,6 +21,7 @@ import psycopg
 import pytest
 
 from flowx.stores.postgres.claims import CLAIM_PLAN, CLAIM_QUEUED
+from flowx.stores.postgres.stops import LOCK_TREE
 from flowx.stores.postgres.store import (
     FIND_ABANDONED,
     FIND_QUEUED,
@@ -384,3 +385,15 @@ def test_the_queue_claim_walks_the_queued_index_without_sorting(
     plan = explain(journal.schema, query, params, generic=generic, setup=CLAIM_PLAN)
     assert_served_by(plan, "flow_instance_queued_idx")
     assert "LockRows" in node_types(plan)
+
+
+@PLANS
+def test_a_stop_request_finds_the_tree_through_the_parent_index(
+    journal: Journal, generic: bool
+) -> None:
+    """R9.4: a cancel reaches an instance's descendants through flow_instance_parent_idx, not
+    by scanning the 100,000 instances per level of the tree."""
+    query = LOCK_TREE.replace("%(instance_id)s", "%s")
+    plan = explain(journal.schema, query, (journal.history_id,), generic=generic)
+    assert "flow_instance_parent_idx" in index_names(plan), plan
+    assert "Seq Scan" not in node_types(plan), plan

@@ -59,6 +59,16 @@ flows_option = click.option(
     help="Where the flow plans are, e.g. myapp.flows:FLOWS. Repeatable.",
 )
 
+#: ``--flows`` where a command can do without the flows' code, and does more with it.
+optional_flows_option = click.option(
+    "--flows",
+    "flows",
+    multiple=True,
+    metavar="MODULE:ATTR",
+    help="Where the flow plans are, e.g. myapp.flows:FLOWS (repeatable). With them, the "
+    "command runs a compensation it would otherwise leave to a worker.",
+)
+
 
 @click.group(cls=inputs.TextArgsGroup)
 @click.version_option(package_name="flowx")

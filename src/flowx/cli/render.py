@@ -22,6 +22,7 @@ import click
 from flowx import codec
 from flowx.engine.replay_plan import ReplayPlan
 from flowx.engine.waiting import Waiting, WaitKind
+from flowx.hosting.stopping import StopOutcome
 from flowx.stores.records import EventRecord, InstanceRecord, SignalReceipt, StepRecord
 
 # -- primitives -------------------------------------------------------------------------------
@@ -76,7 +77,7 @@ def instance_dict(r: InstanceRecord) -> dict[str, Any]:
     """An instance row as JSON, with its payloads decoded."""
     data = dataclasses.asdict(r)
     data["state"] = r.state.value
-    for field in ("input", "state_bag", "error"):
+    for field in ("input", "state_bag", "error", "stop_request"):
         data[field] = payload(data[field])
     return data
 
@@ -123,6 +124,45 @@ def receipt_dict(r: SignalReceipt) -> dict[str, Any]:
         "status": r.status,
         "state": r.state.value,
     }
+
+
+def stop_dict(o: StopOutcome) -> dict[str, Any]:
+    """What a cancel or terminate did."""
+    return {
+        "instance_id": o.instance_id,
+        "mode": o.mode,
+        "status": o.status,
+        "state": o.state.value,
+        "reached": list(o.reached),
+        "waiting": list(o.waiting),
+    }
+
+
+def stop_text(doc: dict[str, Any]) -> str:
+    """One line per fact an operator acts on: what happened, and what is still to happen."""
+    verb = "cancel" if doc["mode"] == "cancel" else "terminate"
+    iid, state = doc["instance_id"], doc["state"]
+    if doc["status"] == "ended":
+        lines = [f"instance {iid} had already ended {state}; nothing to do"]
+    elif state in ("Cancelled", "Terminated"):
+        lines = [f"instance {iid}: {state}"]
+    else:
+        already = " (already requested)" if doc["status"] == "already" else ""
+        lines = [f"instance {iid}: {verb} requested{already}; now {state}"]
+        if doc["instance_id"] not in doc["waiting"]:
+            lines.append(
+                "  it stops at its next step boundary, on the node running it (at that "
+                "node's next lease renewal)"
+            )
+    others = [i for i in doc["reached"] if i != iid]
+    if others:
+        lines.append(f"  reached {len(others)} sub-flow instance(s): {', '.join(others)}")
+    if doc["waiting"]:
+        lines.append(
+            "  left Pending for a worker that carries their flow (a compensation is owed): "
+            + ", ".join(doc["waiting"])
+        )
+    return "\n".join(lines)
 
 
 def event_dict(e: EventRecord) -> dict[str, Any]:
@@ -213,6 +253,9 @@ def _facts(doc: dict[str, Any], record: InstanceRecord) -> list[tuple[str, objec
         facts.append(("wait step", f"{step}, scope {waiting['scope'] or '-'}"))
     if instance["resume_from_step"] is not None:
         facts.append(("replayed", f"from step #{instance['resume_from_step']}"))
+    stop = instance["stop_request"]
+    if stop is not None:
+        facts.append(("stop", f"{stop['mode']} by {stop['by']} at {stop['at']}: {stop['reason']}"))
     if record.error:
         facts.append(("error", record.error))
     facts.append(("state bag", record.state_bag))

@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from flowx.plan.model import Node
+from flowx.stores.records import StopRequest
 
 
 class HaltKind(enum.Enum):
@@ -33,11 +34,14 @@ class HaltKind(enum.Enum):
     YIELD = "yield"
     #: This node lost the right to write (R3.5). Payload: the reason (the message).
     ABORT = "abort"
+    #: An operator cancelled or terminated the instance (R9.4). Payload: ``request``; node
+    #: and scope where it was reached (none for a terminate reached mid-compensation).
+    STOPPED = "stopped"
 
 
 #: Kinds that end the instance (through ``Execution``'s failure path), as opposed to kinds
 #: that only end this run.
-ENDING = (HaltKind.FAILED, HaltKind.DEADLINE, HaltKind.HALTED)
+ENDING = (HaltKind.FAILED, HaltKind.DEADLINE, HaltKind.HALTED, HaltKind.STOPPED)
 
 
 class Halt(Exception):
@@ -53,6 +57,7 @@ class Halt(Exception):
         error: dict[str, Any] | None = None,
         at: datetime | None = None,
         running: bool = False,
+        request: StopRequest | None = None,
     ) -> None:
         super().__init__(message or kind.value)
         self.kind = kind
@@ -62,6 +67,8 @@ class Halt(Exception):
         self.at = at
         #: DEADLINE only: reached while the step ran (its attempt was cancelled).
         self.running = running
+        #: STOPPED only: the operator's request.
+        self.request = request
 
     @property
     def reason(self) -> str:
@@ -93,6 +100,19 @@ class Halt(Exception):
     @classmethod
     def yielded(cls) -> Halt:
         return cls(HaltKind.YIELD)
+
+    @classmethod
+    def stopped(
+        cls, node: Node | None, scope: str, request: StopRequest, *, running: bool = False
+    ) -> Halt:
+        return cls(
+            HaltKind.STOPPED,
+            f"{request.mode} requested by {request.by}",
+            node=node,
+            scope=scope,
+            request=request,
+            running=running,
+        )
 
     @classmethod
     def abort(cls, reason: str) -> Halt:

@@ -17,6 +17,7 @@ from pydantic import BaseModel
 
 from flowx.capability import CapabilityRegistry
 from flowx.clock import Clock
+from flowx.engine.stops import StopWatch
 from flowx.plan.model import SubFlowNode
 from flowx.stores.records import (
     EventWrite,
@@ -85,5 +86,8 @@ class RunPorts:
     #: Called before every capability: raises ``LeaseLost`` once this node may no longer
     #: write, so a zombie stops before an effect, not after (R3.5).
     guard: Callable[[], object] | None = None
+    #: Durable runs only: an operator's cancel or terminate, as this node learns of it
+    #: (R9.4); asked at every boundary, and cuts an attempt in flight.
+    stop: StopWatch | None = None
     #: Told of every step row this run commits (tests and metrics).
     on_step: Callable[[str, StepWrite], None] | None = None

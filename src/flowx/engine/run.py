@@ -10,6 +10,7 @@ becomes ``Halt.abort``; nothing here decides what a halt means for the instance.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import Callable, Coroutine
@@ -26,6 +27,7 @@ from flowx.engine.halt import Halt
 from flowx.engine.history import Attempts, Done, History, journal_order
 from flowx.engine.ports import RunPorts
 from flowx.engine.spec import RunSpec
+from flowx.engine.stops import StopWatch
 from flowx.errors import CapabilityNotFound, FlowXError, NonDeterminismError
 from flowx.plan.model import EmitNode, Node, StepNode, SubFlowNode
 from flowx.stores.errors import FencedOut, LeaseLost
@@ -68,6 +70,7 @@ class Run:
         self.executor = ports.executor
         self.waits = ports.waits
         self.should_yield = ports.should_yield
+        self.stop = ports.stop
         self._ports = ports
         self._walk = walk
         self.state: BaseModel = plan.state_model()
@@ -322,7 +325,11 @@ class Run:
     # -- policy at a boundary --------------------------------------------------------------
 
     def live(self) -> None:
-        """Before a capability: stop (abort) if this node may no longer write."""
+        """Before a capability: stop (abort) if this node may no longer write, or if an
+        operator terminated the instance (a compensation included: R9.4)."""
+        request = self.stop.request if self.stop is not None else None
+        if request is not None and request.mode == "terminate":
+            raise Halt.stopped(None, "", request)
         if self._ports.guard is not None:
             try:
                 self._ports.guard()
@@ -330,9 +337,33 @@ class Run:
                 raise Halt.abort(str(exc)) from exc
 
     def forward(self, node: Node, scope: str) -> None:
-        """About to run ``node`` anew: refused while compensating, or once a sibling failed."""
+        """About to run ``node`` anew: refused while compensating, or once a sibling failed,
+        or once an operator stopped the instance (R9.4: a cancel stops forward progress,
+        so it no longer applies once the instance is compensating; a terminate always)."""
+        request = self.stop.request if self.stop is not None else None
+        if request is not None and (
+            request.mode == "terminate" or not (self.compensating or self.halted or self.ending)
+        ):
+            raise Halt.stopped(node, scope, request)
         if self.compensating or self.halted:
             raise Halt.halted(node, scope)
+
+    async def backoff(self, seconds: float, *, by_cancel: bool = True) -> None:
+        """Wait out a retry's backoff; an operator's stop that applies ends the wait early
+        (the caller's next boundary check then stops the run), so a cancel is not held up
+        by a backoff of minutes."""
+        if self.stop is None:
+            await self.clock.sleep(seconds)
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(None) as bound:
+                with self.stop.cutting(bound, by_cancel=by_cancel):
+                    await self.clock.sleep(seconds)
+        self.stop.cut(bound)
+
+    def stop_cut(self, *, by_cancel: bool) -> tuple[StopWatch, bool] | None:
+        """What lets an operator's stop cut the attempt about to run (``invoke_bounded``)."""
+        return (self.stop, by_cancel) if self.stop is not None else None
 
     def check_deadline(self, node: Node, scope: str) -> None:
         """SPEC §8: a flow past its deadline runs no further step; it compensates and ends

@@ -32,6 +32,7 @@ from flowx.engine.ports import Committer, RunPorts, WaitPort
 from flowx.engine.run import Run
 from flowx.engine.saga import CompensationAlert, compensable, compensate
 from flowx.engine.spec import RunSpec
+from flowx.engine.stops import CANCELLED, stop_error
 from flowx.errors import FlowXError
 from flowx.plan.model import (
     AwaitSignalNode,
@@ -67,6 +68,8 @@ RunOutcome = Literal[
     "failed",
     "timed_out",
     "compensation_failed",
+    "cancelled",
+    "terminated",
     "aborted",
     "yielded",
     "suspended",
@@ -96,6 +99,8 @@ class RunResult:
             "failed": InstanceState.FAILED,
             "timed_out": InstanceState.TIMED_OUT,
             "compensation_failed": InstanceState.COMPENSATION_FAILED,
+            "cancelled": InstanceState.CANCELLED,
+            "terminated": InstanceState.TERMINATED,
         }.get(self.outcome)
 
 
@@ -135,6 +140,8 @@ class Execution:
                 await run.transition(InstanceState.COMPLETED)
             return self._result("completed")
         except Halt as halt:
+            if halt.kind is HaltKind.STOPPED:  # a terminate reached mid-compensation
+                return await self._stopped(halt)
             if halt.kind is HaltKind.SUSPENDED:
                 return self._result("suspended", wake_at=halt.at)
             if halt.kind is HaltKind.YIELD:
@@ -173,6 +180,13 @@ class Execution:
             return await self._fail(halt.node, halt.scope, halt.error, timed_out=timed_out)
         if halt.kind is HaltKind.DEADLINE:
             return await self._deadline_passed(halt)
+        if halt.kind is HaltKind.STOPPED:
+            return await self._stopped(halt)
+        request = self._run.stop.request if self._run.stop is not None else None
+        if request is not None and request.mode == "cancel":
+            # Compensating for a cancel whose row was not reached again (a node kind that
+            # keeps none): the request on the instance says why, and how it ends.
+            return await self._fail(halt.node or self.plan.body[0], halt.scope, stop_error(request))
         # Compensating, and the failure that began it left no row to find again.
         error = error_payload(
             FlowXError(
@@ -203,6 +217,26 @@ class Execution:
         await run.write(key, run.row(late.node, None, late.scope, attempt, Outcome.FAILURE, error))
         return await self._fail(late.node, late.scope, error, timed_out=True)
 
+    async def _stopped(self, halt: Halt) -> RunResult:
+        """R9.4: an operator's stop. A terminate ends the instance now, compensating nothing.
+        A cancel is journaled as the failure of the node it reached (so a resumed run finds
+        why compensation began in the rows, as for a deadline), then compensates what
+        finished, and ends ``Cancelled``."""
+        run = self._run
+        assert halt.request is not None
+        error = stop_error(halt.request)
+        run.ending = True
+        if halt.request.mode == "terminate":
+            where = {"step": halt.node.name, "scope": halt.scope} if halt.node else {}
+            error = {**error, **where}
+            await run.transition(InstanceState.TERMINATED, error=error)
+            return self._result("terminated", error=error)
+        node = halt.node or self.plan.body[0]
+        key = (halt.scope, node.step_id)
+        attempt = run.history.of(key).last_attempt + 1
+        await run.write(key, run.row(node, None, halt.scope, attempt, Outcome.FAILURE, error))
+        return await self._fail(node, halt.scope, error)
+
     def _result(self, outcome: RunOutcome, **extra: Any) -> RunResult:
         run = self._run
         return RunResult(
@@ -221,6 +255,8 @@ class Execution:
         error = {**failure, "step": node.name, "scope": scope}
         outcome: RunOutcome = "timed_out" if timed_out else "failed"
         final = InstanceState.TIMED_OUT if timed_out else InstanceState.FAILED
+        if failure.get("code") == CANCELLED:  # R9.4: compensates like a failure, ends Cancelled
+            outcome, final = "cancelled", InstanceState.CANCELLED
         if any(compensable(d.node) for d in run.history.done):
             await run.transition(InstanceState.COMPENSATING)
             ended = await compensate(run, error)

@@ -21,6 +21,7 @@ from flowx.engine.halt import Halt
 from flowx.engine.history import CommitOrder, Done
 from flowx.engine.nodes.children import ChildUndo, child_instance_id
 from flowx.engine.run import EVENT_NAMESPACE, Run
+from flowx.engine.stops import StopReached
 from flowx.engine.timeouts import invoke_bounded
 from flowx.plan.model import DEFAULT_COMPENSATION_RETRY, Retry, StepNode, SubFlowNode, walk
 from flowx.stores.errors import FencedOut, LeaseLost
@@ -164,11 +165,14 @@ async def _undo(
                     limit=None,
                     by_deadline=False,
                     what=f"compensation of {node.name!r} ({comp.ref})",
+                    stop=run.stop_cut(by_cancel=False),
                 )
             else:
                 await comp.invoke(ctx, done.argument, run.executor)
         except (FencedOut, LeaseLost) as exc:  # undoing a child: this run lost its lease
             raise Halt.abort(str(exc)) from exc
+        except StopReached as exc:  # R9.4: terminated mid-compensation; nothing journaled
+            raise Halt.stopped(None, "", exc.request, running=True) from exc
         except Exception as exc:
             failure = error_payload(exc)
             failures.append(failure)
@@ -187,7 +191,7 @@ async def _undo(
                 )
                 return alert
             await run.write(key, row)
-            await run.clock.sleep(policy.delay(len(failures)))
+            await run.backoff(policy.delay(len(failures)), by_cancel=False)
             attempt = run.history.at(key).last_attempt + 1
             continue
         await run.write(

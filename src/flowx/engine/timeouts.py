@@ -22,6 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from flowx.capability import Capability
 from flowx.clock import Clock
+from flowx.engine.stops import StopReached, StopWatch
 from flowx.errors import FlowXError
 
 #: The error code of an attempt that ran past its step timeout.
@@ -69,42 +70,62 @@ async def invoke_bounded(
     limit: float | None,
     by_deadline: bool,
     what: str,
+    stop: StopCut | None = None,
 ) -> Any:
     """Run one attempt of ``cap`` for at most ``limit`` seconds (``None``: no bound).
 
     Raises ``StepTimedOut`` past the step's own timeout, ``DeadlineReached`` past the flow's
-    deadline. A sync capability's thread is abandoned (never waited for again) when the attempt
-    ends without it: on a timeout, or when the run itself is cancelled (a drain cut short).
+    deadline, ``StopReached`` when an operator's stop that applies to it arrives (``stop``:
+    the run's watch and whether a cancel cuts this attempt). A sync capability's thread is
+    abandoned (never waited for again) when the attempt ends without it: on a timeout, a
+    stop, or when the run itself is cancelled (a drain cut short).
     """
     if cap.is_async:
-        if limit is None:
+        if limit is None and stop is None:
             return await cap.invoke(ctx, argument, executor)
         try:
-            async with asyncio.timeout(limit):
-                return await cap.invoke(ctx, argument, executor)
+            async with asyncio.timeout(limit) as bound:
+                with _cutting(stop, bound):
+                    return await cap.invoke(ctx, argument, executor)
         except TimeoutError:
-            raise _late(limit, by_deadline, what) from None
+            raise _late(limit, by_deadline, what, stop, bound) from None
     call = cap.prepared(ctx, argument)
     if executor is None:
         # No executor of ours to count stuck threads in: the loop's default one, unbounded
-        # waits only (an Ephemeral run with no host, a test).
+        # waits only (an Ephemeral run with no host, a test). An Ephemeral run has no stop.
         running = asyncio.get_running_loop().run_in_executor(None, call)
         if limit is None:
             return await running
         try:
             return await asyncio.wait_for(running, limit)
         except TimeoutError:
-            raise _late(limit, by_deadline, what) from None
+            raise _late(limit, by_deadline, what, None, None) from None
     future: Future[Any] = executor.submit(call)
     waiting = asyncio.wrap_future(future)
     try:
-        return await asyncio.wait_for(asyncio.shield(waiting), limit)
+        async with asyncio.timeout(limit) as bound:
+            with _cutting(stop, bound):
+                return await asyncio.shield(waiting)
     except TimeoutError:
         _abandon(executor, future, waiting)
-        raise _late(limit or 0.0, by_deadline, what) from None
+        raise _late(limit, by_deadline, what, stop, bound) from None
     except asyncio.CancelledError:
         _abandon(executor, future, waiting)
         raise
+
+
+#: What ``invoke_bounded`` needs to let a stop cut an attempt: the run's watch, and whether
+#: a cancel cuts this attempt (a step) or only a terminate does (a compensation).
+StopCut = tuple[StopWatch, bool]
+
+
+def _cutting(
+    stop: StopCut | None, bound: asyncio.Timeout
+) -> contextlib.AbstractContextManager[None]:
+    if stop is None:
+        return contextlib.nullcontext()
+    watch, by_cancel = stop
+    return watch.cutting(bound, by_cancel=by_cancel)
 
 
 def _abandon(executor: Executor, future: Future[Any], waiting: asyncio.Future[Any]) -> None:
@@ -125,7 +146,15 @@ def _swallow(future: Future[Any]) -> None:
         future.exception()
 
 
-def _late(limit: float, by_deadline: bool, what: str) -> Exception:
+def _late(
+    limit: float | None,
+    by_deadline: bool,
+    what: str,
+    stop: StopCut | None,
+    bound: asyncio.Timeout | None,
+) -> Exception:
+    if stop is not None and bound is not None and (request := stop[0].cut(bound)) is not None:
+        return StopReached(request)
     if by_deadline:
         return DeadlineReached(f"{what}: the flow deadline passed while it ran")
     return StepTimedOut(f"{what} ran longer than its timeout ({limit:g}s) and was abandoned")

@@ -6,6 +6,7 @@ from flowx.hosting.host import FlowHandle, FlowHost
 from flowx.hosting.lease import DurableLease
 from flowx.hosting.recovery import RecoveryScanResult, RecoveryService
 from flowx.hosting.settings import HostSettings
+from flowx.hosting.stopping import StopOutcome
 from flowx.hosting.stores import from_url, memory, postgres, redis_leases, sqlite, with_leases
 from flowx.hosting.timers import TimerService, TimerSweep
 
@@ -20,6 +21,7 @@ __all__ = [
     "RecoveryScanResult",
     "RecoveryService",
     "ReplayPlan",
+    "StopOutcome",
     "TimerService",
     "TimerSweep",
     "from_url",

@@ -21,6 +21,7 @@ from flowx.hosting.catalog import PlanCatalog
 from flowx.hosting.clock_offset import JournalClock
 from flowx.hosting.lease import DurableLease, LeaseKeeper
 from flowx.hosting.settings import HostSettings
+from flowx.hosting.stop_board import StopBoard
 from flowx.hosting.threads import CapabilityThreads
 from flowx.outbox import OutboxPublisher
 from flowx.stores.errors import JournalUnavailable
@@ -48,6 +49,8 @@ class NodeContext:
     threads: CapabilityThreads | None = None
     #: Renews every lease this node holds, in one store call per interval (R9.1).
     keeper: LeaseKeeper | None = None
+    #: The stop watches of the runs on this node (R9.4), polled with every renewal round.
+    stops: StopBoard = field(default_factory=StopBoard)
     accepting: bool = False
     opened: bool = False
     store_ready: bool = False
@@ -124,6 +127,7 @@ class NodeContext:
                 stall_after=self.settings.round_trip_timeout
                 + self.settings.renewal_interval.total_seconds(),
             ).start()
+            self.keeper.on_round = functools.partial(self.stops.poll, stores)
         return self.keeper
 
     def hold(self, stores: Stores, lease: Lease, sent: float) -> DurableLease:

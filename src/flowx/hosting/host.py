@@ -33,6 +33,7 @@ from flowx.errors import (
     InstanceNotFound,
     SettingsError,
 )
+from flowx.hosting import stopping
 from flowx.hosting.alerts import AlertSink, LoggingAlertSink
 from flowx.hosting.catalog import PlanCatalog
 from flowx.hosting.clock_offset import JournalClock
@@ -44,6 +45,7 @@ from flowx.hosting.lease import LeaseKeeper
 from flowx.hosting.recovery import RecoveryScanResult, RecoveryService, ResumeVerdict
 from flowx.hosting.services import NodeServices
 from flowx.hosting.settings import HostSettings
+from flowx.hosting.stopping import StopOutcome, request_of
 from flowx.hosting.storable import signal_payload, start_input, storable_id
 from flowx.hosting.threads import CapabilityThreads
 from flowx.hosting.timers import TimerService
@@ -52,7 +54,7 @@ from flowx.outbox import EventPublisher, OutboxPublisher
 from flowx.plan.model import Plan
 from flowx.stores.errors import InstanceFinished, UnknownInstance
 from flowx.stores.protocols import Stores
-from flowx.stores.records import InstanceRecord, SignalReceipt
+from flowx.stores.records import InstanceRecord, SignalReceipt, StopRequest
 
 log = logging.getLogger("flowx.host")
 
@@ -417,6 +419,36 @@ class FlowHost:
         if self._ctx.accepting and self.carries(record.flow_id, record.flow_version):
             await self.resume(instance_id, queued=True)
         return target
+
+    # -- cancel and terminate ----------------------------------------------------------------
+
+    async def cancel(self, instance_id: str, reason: str, *, by: str = "") -> StopOutcome:
+        """Cancel an instance and its unfinished sub-flow children (R9.4): each stops at its
+        next boundary (a running step is cut as a step timeout cuts it), compensates what
+        had finished, and ends ``Cancelled`` with who and why as its error.
+
+        ``by`` names who asked (default: this node). The request is journaled before this
+        returns; an instance running on another node stops at that node's next lease
+        renewal. A ``Pending`` or ``Suspended`` instance is stopped here: run here if this
+        host carries its flow, ended here if it has no finished step to compensate, else
+        left ``Pending`` for a worker that carries the flow (``StopOutcome.waiting``).
+        Repeating it is inert. Raises ``InstanceNotFound``, ``IllegalState`` (it has already
+        ended other than by a stop), or ``RequestInvalid`` (no reason)."""
+        request = request_of("cancel", reason, by, self._ctx)
+        return await self._stop(instance_id, request)
+
+    async def terminate(self, instance_id: str, reason: str, *, by: str = "") -> StopOutcome:
+        """Terminate an instance and its unfinished sub-flow children (R9.4): like
+        ``cancel``, but nothing is compensated — not even a compensation already under way —
+        and it ends ``Terminated``. A terminate may follow a cancel; never the reverse. Any
+        node can end a waiting instance this way: no flow code runs."""
+        request = request_of("terminate", reason, by, self._ctx)
+        return await self._stop(instance_id, request)
+
+    async def _stop(self, instance_id: str, request: StopRequest) -> StopOutcome:
+        if not storable_id(instance_id):  # no journal could hold it, so none does
+            raise InstanceNotFound(instance_id)
+        return await stopping.stop(self._ctx, self._runner, instance_id, request)
 
     # -- reading ---------------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from pydantic import BaseModel
 
 from flowx.engine.runner import Execution, RunPorts, RunResult, RunSpec
 from flowx.errors import FlowXError, IllegalState, NonDeterminismError, NonRetryableError
+from flowx.hosting import stopping
 from flowx.hosting.context import NodeContext
 from flowx.hosting.creation import child_instance
 from flowx.hosting.lease import DurableLease
@@ -177,7 +178,7 @@ class InstanceRunner:
             return "not_runnable"
         plan = ctx.plans.plan(record.flow_id, record.flow_version)
         try:
-            claimed = await self._claim(stores, record)
+            claimed = await self.claim(stores, record)
         except (FencedOut, UnknownInstance):
             return "lost_race"
         if claimed is None:
@@ -249,7 +250,7 @@ class InstanceRunner:
                 code="sub_flow.child_busy",
             )
         plan = ctx.plans.plan(record.flow_id, record.flow_version)
-        claimed = await self._claim(stores, record)
+        claimed = await self.claim(stores, record)
         if claimed is None:
             raise FlowXError(
                 f"child instance {child_id} is held by another node; trying again",
@@ -257,12 +258,14 @@ class InstanceRunner:
             )
         durable, history = claimed
         child = history.instance
+        ctx.stops.enter(child_id)
         try:
             execution = self._execution(
                 RunSpec.undo_child(plan, child, history.steps), durable, child
             )
             result = await execution.run()
         finally:
+            ctx.stops.leave(child_id)
             await durable.release()
         await after_run(ctx, plan, child, result, timers=self.timers, wake=None)
         if result.outcome == "compensation_failed":
@@ -286,7 +289,7 @@ class InstanceRunner:
             # This node's own run of it has given its outcome and is releasing its lease:
             # wait for that rather than refuse (never cancelled by this wait).
             await asyncio.wait([ending])
-        claimed = await self._claim(stores, record)
+        claimed = await self.claim(stores, record)
         if claimed is None:
             raise FlowXError(
                 f"instance {instance_id} is held by another node right now; retry",
@@ -337,7 +340,7 @@ class InstanceRunner:
 
     # -- the one path ----------------------------------------------------------------------
 
-    async def _claim(
+    async def claim(
         self, stores: Stores, record: InstanceRecord
     ) -> tuple[DurableLease, History] | None:
         """Lease an existing instance and read its history under that lease; ``None`` when
@@ -386,6 +389,7 @@ class InstanceRunner:
                 ),
                 should_yield=(lambda: not ctx.accepting) if durable and not spec.undo else None,
                 guard=(lambda: lease.token) if lease is not None else None,
+                stop=ctx.stops.watch(record) if durable and record is not None else None,
             ),
         )
 
@@ -411,6 +415,7 @@ class InstanceRunner:
         )
         self.tasks[iid] = task
         self.outcomes[iid] = outcome
+        self._ctx.stops.enter(iid)
 
         def done(t: asyncio.Task[RunResult | None]) -> None:
             if self.tasks.get(iid) is t:
@@ -423,6 +428,7 @@ class InstanceRunner:
                 else:
                     outcome.set_result(None if t.exception() is not None else t.result())
             self.recovering.discard(iid)
+            self._ctx.stops.leave(iid)
             if self.recovery is not None:
                 self.recovery.slot_freed()
             if self.timers is not None:
@@ -446,6 +452,7 @@ class InstanceRunner:
             if result is None:
                 return None  # its end was committed before the journal fell silent
             await after_run(self._ctx, plan, record, result, timers=self.timers, wake=self.wake)
+            await self._after_stop(iid, result)
             # Committed: whoever waits for it has it now, not after the release below — and
             # first: one turn of the loop lets the waiter's wake-up run before the release's
             # statement is built and sent.
@@ -511,6 +518,28 @@ class InstanceRunner:
                 continue
             log.debug("instance %s: %s", iid, result.outcome)
             return result
+
+    async def _after_stop(self, instance_id: str, result: RunResult) -> None:
+        """R9.4: an instance an operator stopped passes the request on once more as it ends
+        (a child started just before its run learned of it is reached too); one that sealed
+        a wait after the request came is ``Pending`` (the seal saw the request), and is run
+        again here to stop."""
+        request = self._ctx.stops.request(instance_id)
+        if request is None:
+            return
+        if result.outcome == "suspended":
+            self.wake(instance_id)
+        elif result.outcome in ("cancelled", "terminated"):
+            try:
+                await stopping.stop(self._ctx, self, instance_id, request)
+            except FlowXError as exc:
+                log.warning(
+                    "instance %s: its %s did not reach its sub-flows once more (%s); a "
+                    "repeated command does",
+                    instance_id,
+                    request.mode,
+                    exc,
+                )
 
     # -- background wakes and the drain ----------------------------------------------------
 

@@ -33,7 +33,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from datetime import timedelta
 
 from flowx.clock import Clock
@@ -201,6 +201,9 @@ class LeaseKeeper:
         #: Renewal rounds sent, and leases left unrenewed because a write had stalled.
         self.rounds = 0
         self.withheld = 0
+        #: Called after each renewal round with the instances renewed: the node reads their
+        #: stop requests then (R9.4), one read a round, however many it runs.
+        self.on_round: Callable[[Sequence[str]], Awaitable[None]] | None = None
 
     @property
     def stall_after(self) -> float:
@@ -290,10 +293,17 @@ class LeaseKeeper:
             log.warning("%d lease(s) not renewed (%s); retrying", len(due), exc)
             return 0
         count = 0
+        kept: list[str] = []
         for held, lease in zip(due, renewed, strict=True):
             if lease is None:
                 held._refused("it expired or a newer lease was issued")
             elif held._lost is None and not held._released:
                 held._renewed(lease, sent)
+                kept.append(held.instance_id)
                 count += 1
+        if kept and self.on_round is not None:
+            try:
+                await self.on_round(kept)
+            except FlowXError as exc:  # a stop request is read again next round
+                log.warning("stop requests not read this round: %s", exc)
         return count

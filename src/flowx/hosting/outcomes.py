@@ -47,6 +47,17 @@ async def after_run(
             )
     elif result.outcome == "timed_out":
         DEADLINE_EXCEEDED.inc(plan.flow_id)
+    elif result.outcome in ("cancelled", "terminated") and result.error is not None:
+        error = result.error
+        log.info(
+            "instance %s of %s %s by %s at step %r: %s",
+            record.instance_id,
+            plan.ref,
+            result.outcome,
+            error.get("by"),
+            error.get("step"),
+            error.get("reason"),
+        )
     parent = record.parent_instance_id
     if wake is not None and result.final_state is not None and parent is not None:
         # The child's last commit already made the parent Pending (durably); resuming it

@@ -31,7 +31,7 @@ INSTANCE_COLUMNS: Final = (
     "state_bag_sequence, error, tenant_id, idempotency_key, correlation_id, deadline_at, "
     "parent_instance_id, parent_scope, parent_step_id, resume_count, codec_version, "
     "created_at, updated_at, wake_at, wake_step_id, wake_scope, wake_signal, replay_sequence, "
-    "resume_from_step"
+    "resume_from_step, stop_request"
 )
 #: The columns a create writes (``FlowJournal.create``); the rest keep their defaults.
 CREATE_COLUMNS: Final = (
@@ -56,7 +56,9 @@ EVENT_COLUMNS: Final = (
 )
 
 #: The SQL spelling of ``TERMINAL_STATES`` and ``ACTIVE_STATES``, for ``state IN ...``.
-TERMINAL_STATES_SQL: Final = "('Completed', 'Failed', 'TimedOut', 'CompensationFailed')"
+TERMINAL_STATES_SQL: Final = (
+    "('Completed', 'Failed', 'TimedOut', 'CompensationFailed', 'Cancelled', 'Terminated')"
+)
 ACTIVE_STATES_SQL: Final = "('Pending', 'Running', 'Compensating')"
 
 

@@ -21,6 +21,7 @@ from flowx.stores.protocols import (
     OutboxStore,
     RecoveryIndex,
     RoundTripBound,
+    StopStore,
     StoreClock,
     Stores,
     WaitStore,
@@ -72,6 +73,10 @@ class PairedStores:
     @property
     def waits(self) -> WaitStore:
         return self._base.waits
+
+    @property
+    def stops(self) -> StopStore:
+        return self._base.stops
 
     async def open(self) -> None:
         await self._base.open()

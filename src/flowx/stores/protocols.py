@@ -34,6 +34,8 @@ from flowx.stores.records import (
     SignalRecord,
     StepCommit,
     StepRecord,
+    StopReceipt,
+    StopRequest,
     SuspendCommit,
 )
 
@@ -196,7 +198,9 @@ class WaitStore(Protocol):
     """
 
     async def suspend(self, commit: SuspendCommit) -> bool:
-        """Seal the instance ``Suspended`` at ``commit.wake``, fenced; ``False`` (nothing
+        """Seal the instance ``Suspended`` at ``commit.wake``, fenced — or ``Pending`` if an
+        operator has asked it to stop (R9.4), so that a request that reached the run too
+        late to stop it before the seal still finds it runnable, not asleep; ``False`` (nothing
         written) if a signal it waits for is already in the inbox or its child has already
         ended, so the caller carries on instead. Raises ``FencedOut`` / ``UnknownInstance``."""
         ...
@@ -254,6 +258,30 @@ class WaitStore(Protocol):
         ``replay_sequence = next_sequence`` (earlier failures stop counting against retry
         budgets), ``resume_from_step = from_step``, ``error`` kept. Writes no step row: the
         history is never rewritten; what re-runs is journaled as new attempts."""
+        ...
+
+
+@runtime_checkable
+class StopStore(Protocol):
+    """**Protocol:** an operator's cancel and terminate (R9.4), kept where the node running
+    the instance will read it."""
+
+    async def request_stop(self, instance_id: str, request: StopRequest) -> StopReceipt:
+        """Keep ``request`` on the instance and on every unfinished descendant (sub-flow
+        children, theirs, …), in one write under their row locks: ``stop_request`` set, a row
+        in each inbox (name ``STOP_SIGNAL``, key the mode, so a repeat writes nothing), and a
+        Suspended one made ``Pending`` so a node takes it at once. A request is written only
+        where it outranks the one kept (nothing, or a cancel under a terminate).
+
+        An instance that ended by a stop answers ``status="ended"`` (a repeated command is
+        inert); one that ended otherwise raises ``InstanceFinished``; no row raises
+        ``UnknownInstance``. The stop itself is carried out by a node: fenced, like any write.
+        """
+        ...
+
+    async def stop_requests(self, instance_ids: Sequence[str]) -> dict[str, str]:
+        """The ``stop_request`` text of each of these instances that has one: what a node
+        asks, once per lease renewal, about the instances it runs."""
         ...
 
 
@@ -458,6 +486,9 @@ class Stores(Protocol):
 
     @property
     def waits(self) -> WaitStore: ...
+
+    @property
+    def stops(self) -> StopStore: ...
 
     async def open(self) -> None:
         """Connect and bring the schema up to date (or refuse one the code does not know)."""

@@ -7,6 +7,7 @@ and nothing below the engine needs to understand them.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -23,6 +24,10 @@ class InstanceState(StrEnum):
     FAILED = "Failed"
     TIMED_OUT = "TimedOut"
     COMPENSATION_FAILED = "CompensationFailed"
+    #: Stopped by an operator (R9.4): compensated what had finished, then ended.
+    CANCELLED = "Cancelled"
+    #: Stopped by an operator (R9.4) with no compensation.
+    TERMINATED = "Terminated"
 
     @property
     def terminal(self) -> bool:
@@ -36,6 +41,8 @@ TERMINAL_STATES = frozenset(
         InstanceState.FAILED,
         InstanceState.TIMED_OUT,
         InstanceState.COMPENSATION_FAILED,
+        InstanceState.CANCELLED,
+        InstanceState.TERMINATED,
     }
 )
 
@@ -113,6 +120,9 @@ class InstanceRecord:
     replay_sequence: int | None = None
     #: The step an operator replayed from (an operator hint, never the frontier: R2.8).
     resume_from_step: int | None = None
+    #: An operator's cancel or terminate, not yet carried out or carried out (R9.4): the
+    #: ``StopRequest`` as JSON text, ``None`` when nobody asked the instance to stop.
+    stop_request: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -342,3 +352,59 @@ class OutboxPurge:
     deleted: int
     #: Past their window but kept: a change subscription has not read them yet.
     held_back: int
+
+
+#: The modes of ``StopRequest``: cancel compensates what finished, terminate does not.
+STOP_MODES = ("cancel", "terminate")
+#: The inbox name a stop request is journaled under (one row per mode: its key is the mode).
+STOP_SIGNAL = "flowx.stop"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StopRequest:
+    """An operator asked an instance to stop (R9.4): who, why, when, and how.
+
+    Kept on the instance (``stop_request``, so the node running it learns of it with a read
+    it makes anyway) and as a row of its inbox (``STOP_SIGNAL``), the journaled record of
+    the request. A terminate outranks a cancel: it may follow one, never the reverse."""
+
+    mode: str
+    reason: str
+    by: str
+    at: datetime
+
+    def dumps(self) -> str:
+        return json.dumps(
+            {"mode": self.mode, "reason": self.reason, "by": self.by, "at": self.at.isoformat()},
+            sort_keys=True,
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def loads(cls, text: str) -> StopRequest:
+        data = json.loads(text)
+        return cls(
+            mode=data["mode"],
+            reason=data["reason"],
+            by=data["by"],
+            at=datetime.fromisoformat(data["at"]),
+        )
+
+    def outranks(self, other: StopRequest | None) -> bool:
+        """This request changes what ``other`` (the one already kept) asked for."""
+        return other is None or (self.mode == "terminate" and other.mode == "cancel")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StopReceipt:
+    """What ``StopStore.request_stop`` did. ``status``: ``requested`` (kept now),
+    ``already`` (an equal or stronger request was kept before: nothing written), or
+    ``ended`` (the instance had already ended by a stop: nothing written). ``affected``:
+    every instance the request reached (the instance, then its unfinished descendants) with
+    its state after the write; ``Pending`` ones are for a node to finish."""
+
+    instance_id: str
+    mode: str
+    status: str
+    state: InstanceState
+    affected: tuple[tuple[str, InstanceState], ...] = ()

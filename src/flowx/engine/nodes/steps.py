@@ -21,6 +21,7 @@ from flowx.engine.failures import error_payload, exhausted
 from flowx.engine.halt import Halt, HaltKind
 from flowx.engine.history import Attempts
 from flowx.engine.run import EVENT_NAMESPACE, Run
+from flowx.engine.stops import StopReached
 from flowx.engine.timeouts import DeadlineReached, attempt_limit, invoke_bounded
 from flowx.errors import FlowXError, NonRetryableError
 from flowx.plan.events import contract_of
@@ -52,7 +53,7 @@ async def step(run: Run, node: StepNode, scope: str, item: Any, has_item: bool) 
         raise Halt.yielded()
     run.check_deadline(node, scope)
     if failures:
-        await run.clock.sleep(policy.delay(len(failures)))
+        await run.backoff(policy.delay(len(failures)))
         run.check_deadline(node, scope)
         run.forward(node, scope)
     if run.poisoned:
@@ -137,6 +138,7 @@ async def _call_until_done(
                 limit=limit,
                 by_deadline=by_deadline,
                 what=f"step {node.name!r} ({cap.ref})",
+                stop=run.stop_cut(by_cancel=True),
             )
             # R9.5: checked here, so an unstorable result fails this step, never the commit.
             whose = f"step {node.name!r}: the result of {cap.ref}"
@@ -157,7 +159,7 @@ async def _call_until_done(
             )
             if exhausted(failures, policy):
                 raise Halt.failed(node, scope, error) from exc
-            await run.clock.sleep(policy.delay(len(failures)))
+            await run.backoff(policy.delay(len(failures)))
             run.check_deadline(node, scope)
             run.forward(node, scope)  # a fork sibling may have failed meanwhile
             attempt += 1
@@ -185,6 +187,8 @@ def _attempt_error(
     if isinstance(exc, DeadlineReached):
         assert run.deadline_at is not None
         raise Halt.deadline(node, scope, run.deadline_at, running=True) from exc
+    if isinstance(exc, StopReached):  # R9.4: an operator's stop cut the attempt
+        raise Halt.stopped(node, scope, exc.request, running=True) from exc
     if isinstance(exc, ValidationError):
         return error_payload(
             FlowXError(
@@ -296,7 +300,13 @@ async def for_each(run: Run, node: ForEachNode, scope: str, item: Any, has_item:
 
 #: When branches halt for different reasons, the run halts for the first of these kinds
 #: found; then for any other error; a sibling's ``HALTED`` only if nothing else happened.
-_FORK_PRECEDENCE = (HaltKind.ABORT, HaltKind.YIELD, HaltKind.DEADLINE, HaltKind.FAILED)
+_FORK_PRECEDENCE = (
+    HaltKind.ABORT,
+    HaltKind.YIELD,
+    HaltKind.STOPPED,
+    HaltKind.DEADLINE,
+    HaltKind.FAILED,
+)
 
 
 async def fork(run: Run, node: ForkNode, scope: str, item: Any, has_item: bool) -> Any:

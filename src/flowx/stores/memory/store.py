@@ -18,6 +18,7 @@ from flowx.stores.errors import (
     UnknownConsumer,
 )
 from flowx.stores.memory.data import MemoryData, candidate
+from flowx.stores.memory.stops import MemoryStops
 from flowx.stores.memory.waits import MemoryWaits
 from flowx.stores.outbox_claims import ClaimOutcome
 from flowx.stores.protocols import InstanceQuery
@@ -427,6 +428,7 @@ class MemoryStores:
         self.outbox = MemoryOutbox(self._data)
         self.changes = MemoryChanges(self._data)
         self.waits = MemoryWaits(self._data)
+        self.stops = MemoryStops(self._data)
 
     def commit_releases_lease(self) -> bool:
         """``CommitReleases``: the journal keeps the leases, so a terminal commit ends its

@@ -45,7 +45,7 @@ class MemoryWaits:
                 return False
         self._d.instances[commit.instance_id] = dataclasses.replace(
             record,
-            state=InstanceState.SUSPENDED,
+            state=InstanceState.SUSPENDED if record.stop_request is None else InstanceState.PENDING,
             wake_at=wake.at,
             wake_step_id=wake.step_id,
             wake_scope=wake.scope,

@@ -32,6 +32,7 @@ from flowx.stores.postgres.notify import WORK, Listener, Notifier
 from flowx.stores.postgres.outbox import PostgresOutbox
 from flowx.stores.postgres.reads import SELECT_INSTANCE, BatchedReads
 from flowx.stores.postgres.rows import candidates
+from flowx.stores.postgres.stops import PostgresStops
 from flowx.stores.postgres.waits import PostgresWaits
 from flowx.stores.protocols import InstanceQuery
 from flowx.stores.records import (
@@ -395,6 +396,7 @@ class PostgresStores:
         self.outbox = PostgresOutbox(self.db)
         self.changes = PostgresChanges(self.db)
         self.waits = PostgresWaits(self.db, self.work_notifier)
+        self.stops = PostgresStops(self.db, self.work_notifier)
 
     async def claim_queued(
         self,

@@ -38,7 +38,8 @@ WITH input AS (
            AS c(ord, seq)
 )
 UPDATE flow_instance f
-   SET state = 'Suspended', wake_at = i.wake_at, wake_step_id = i.step_id,
+   SET state = CASE WHEN f.stop_request IS NULL THEN 'Suspended' ELSE 'Pending' END,
+       wake_at = i.wake_at, wake_step_id = i.step_id,
        wake_scope = i.scope, wake_signal = i.signal,
        state_bag = coalesce(i.state_bag::json, f.state_bag), updated_at = i.now,
        version = f.version + 1

@@ -49,7 +49,9 @@ LOCK_FENCE: Final[LiteralString] = (
 # are this one write (R2.11): no step row, no sequence. Sent with the lock and the COMMIT in
 # one pipeline: one round trip.
 SUSPEND: Final[LiteralString] = (
-    "UPDATE flow_instance SET state = 'Suspended', wake_at = %(wake_at)s, "
+    "UPDATE flow_instance SET "
+    "state = CASE WHEN stop_request IS NULL THEN 'Suspended' ELSE 'Pending' END, "
+    "wake_at = %(wake_at)s, "
     "wake_step_id = %(step_id)s, wake_scope = %(scope)s, wake_signal = %(signal)s, "
     "state_bag = coalesce(%(state_bag)s::json, state_bag), updated_at = %(now)s, "
     "version = version + 1 WHERE instance_id = %(instance_id)s AND fence <= %(token)s "

@@ -8,6 +8,7 @@ SQLite's file lock orders writers across processes.
 from __future__ import annotations
 
 import asyncio
+import re
 import sqlite3
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -57,6 +58,25 @@ def _statements(script: str) -> list[str]:
     ):
         raise RuntimeError(f"incomplete statement at the end of a migration: {buffer!r}")
     return out
+
+
+#: A migration statement that edits a table's definition in place (``writable_schema``).
+_SCHEMA_EDIT = re.compile(r"(?:--[^\n]*\n|\s)*UPDATE\s+sqlite_schema\b", re.IGNORECASE)
+
+
+def _schema_edited(conn: sqlite3.Connection, migration: migrations.Migration, edited: int) -> None:
+    """After a migration edited a definition in ``sqlite_schema``: refuse an edit that did
+    not find exactly the one definition it names (a silent no-op would leave the old
+    constraint), then bump the schema cookie so every connection, this one included,
+    re-reads the schema before its next statement."""
+    if edited != 1:
+        raise RuntimeError(
+            f"migration {migration.version:04d}_{migration.name} edits a table definition but "
+            f"matched {edited} definitions, not 1: this file's schema is not the one the "
+            "migration expects; nothing was changed"
+        )
+    cookie = int(conn.execute("PRAGMA schema_version").fetchone()[0])
+    conn.execute(f"PRAGMA schema_version = {cookie + 1}")
 
 
 class SqliteDatabase:
@@ -252,7 +272,9 @@ class SqliteDatabase:
                 )
             for migration in MIGRATIONS[current:]:
                 for statement in _statements(migration.sql):
-                    conn.execute(statement)
+                    edited = conn.execute(statement).rowcount
+                    if _SCHEMA_EDIT.match(statement):
+                        _schema_edited(conn, migration, edited)
                 conn.execute(
                     "INSERT INTO flowx_schema_migrations (version, name, applied_at) "
                     "VALUES (?, ?, ?)",

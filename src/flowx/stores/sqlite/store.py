@@ -59,6 +59,7 @@ from flowx.stores.sqlite.rows import (
     read_instance,
     step_row,
 )
+from flowx.stores.sqlite.stops import SqliteStops
 from flowx.stores.sqlite.waits import SqliteWaits
 
 # flow_instance_idempotency_idx.
@@ -425,6 +426,7 @@ class SqliteStores:
         self.outbox = SqliteOutbox(self.db)
         self.changes = SqliteChanges(self.db)
         self.waits = SqliteWaits(self.db)
+        self.stops = SqliteStops(self.db)
         self._seen_version: int | None = None
 
     async def wait_work(self, timeout: float) -> bool:

@@ -41,7 +41,9 @@ SUSPEND_BLOCKED: Final = (
 )
 # The seal: parking and scheduling the wake are this one write (R2.11). Primary key.
 SUSPEND: Final = (
-    "UPDATE flow_instance SET state = 'Suspended', wake_at = :wake_at, "
+    "UPDATE flow_instance SET "
+    "state = CASE WHEN stop_request IS NULL THEN 'Suspended' ELSE 'Pending' END, "
+    "wake_at = :wake_at, "
     "wake_step_id = :step_id, wake_scope = :scope, wake_signal = :signal, "
     "state_bag = coalesce(:state_bag, state_bag), updated_at = :now, "
     "version = version + 1 WHERE instance_id = :instance_id"
