@@ -10,7 +10,6 @@ becomes ``Halt.abort``; nothing here decides what a halt means for the instance.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 import uuid
 from collections.abc import Callable, Coroutine
@@ -355,11 +354,14 @@ class Run:
         if self.stop is None:
             await self.clock.sleep(seconds)
             return
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(None) as bound:
-                with self.stop.cutting(bound, by_cancel=by_cancel):
-                    await self.clock.sleep(seconds)
-        self.stop.cut(bound)
+        armed = self.stop.arm(by_cancel=by_cancel)
+        try:
+            await self.clock.sleep(seconds)
+        except asyncio.CancelledError:
+            if self.stop.cut(armed) is None:
+                raise
+        finally:
+            self.stop.disarm(armed)
 
     def stop_cut(self, *, by_cancel: bool) -> tuple[StopWatch, bool] | None:
         """What lets an operator's stop cut the attempt about to run (``invoke_bounded``)."""

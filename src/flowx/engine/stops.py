@@ -13,8 +13,6 @@ it has nothing left to cancel. A terminate stops everything, compensation includ
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 from flowx.engine.failures import error_payload
@@ -49,14 +47,20 @@ def stop_error(request: StopRequest) -> dict[str, Any]:
 
 
 class StopWatch:
-    """The stop request of one run, and the attempts it may cut."""
+    """The stop request of one run, and the attempts in flight it may cut.
+
+    An attempt is cut by cancelling the task that awaits it and, where that cancellation
+    comes out of the attempt, taking it back (``Task.uncancel``) and raising
+    ``StopReached`` instead — what ``asyncio.timeout`` does, without building a timeout per
+    attempt on the hot path: arming costs a dict entry."""
 
     def __init__(self, request: StopRequest | None = None) -> None:
         self.request = request
-        # Every attempt in flight (fork branches run several), with whether a cancel cuts it
-        # (a compensation is cut by a terminate only).
-        self._armed: dict[asyncio.Timeout, bool] = {}
-        self._cut: set[asyncio.Timeout] = set()
+        # Every task awaiting an attempt (fork branches run several), with whether a cancel
+        # cuts it (a compensation is cut by a terminate only) and how many cancellations it
+        # had pending when armed (a drain's must not be mistaken for ours, nor taken back).
+        self._armed: dict[asyncio.Task[Any], tuple[bool, int]] = {}
+        self._cut: set[asyncio.Task[Any]] = set()
 
     def tell(self, request: StopRequest) -> bool:
         """A request for this run's instance; ``False`` if it changes nothing (an equal or
@@ -64,33 +68,41 @@ class StopWatch:
         if not request.outranks(self.request):
             return False
         self.request = request
-        for timeout, cut_by_cancel in list(self._armed.items()):
-            self._fire(timeout, cut_by_cancel)
+        for task, (by_cancel, _) in list(self._armed.items()):
+            self._fire(task, by_cancel)
         return True
 
-    def _fire(self, timeout: asyncio.Timeout, cut_by_cancel: bool) -> None:
+    def _fire(self, task: asyncio.Task[Any], by_cancel: bool) -> None:
         request = self.request
-        if request is None or (request.mode == "cancel" and not cut_by_cancel):
+        if request is None or (request.mode == "cancel" and not by_cancel) or task in self._cut:
             return
-        if timeout.expired() or timeout in self._cut:
-            return
-        self._cut.add(timeout)
-        timeout.reschedule(asyncio.get_running_loop().time())
+        self._cut.add(task)
+        task.cancel(f"{request.mode} requested by {request.by}")
 
-    @contextlib.contextmanager
-    def cutting(self, timeout: asyncio.Timeout, *, by_cancel: bool) -> Iterator[None]:
-        """While an attempt runs under ``timeout``, a stop that applies cuts it (one
-        already here, at once)."""
-        self._armed[timeout] = by_cancel
-        self._fire(timeout, by_cancel)
-        try:
-            yield
-        finally:
-            del self._armed[timeout]
+    def arm(self, *, by_cancel: bool) -> asyncio.Task[Any]:
+        """The calling task begins an attempt: a stop that applies cuts it (one already
+        here, at its first await). Pair with ``disarm``."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._armed[task] = (by_cancel, task.cancelling())
+        self._fire(task, by_cancel)
+        return task
 
-    def cut(self, timeout: asyncio.Timeout) -> StopRequest | None:
-        """The request that cut this attempt, or ``None`` if its own time ran out."""
-        if timeout in self._cut:
-            self._cut.discard(timeout)
-            return self.request
-        return None
+    def cut(self, task: asyncio.Task[Any]) -> StopRequest | None:
+        """On a cancellation out of the attempt: the request that cut it (our cancellation
+        taken back), or ``None`` if it came from elsewhere too (a drain) and must go on."""
+        if task not in self._cut:
+            return None
+        self._cut.discard(task)
+        _, before = self._armed.get(task, (True, 0))
+        if task.uncancel() > before:
+            return None  # cancelled by someone else as well: that cancellation wins
+        return self.request
+
+    def disarm(self, task: asyncio.Task[Any]) -> None:
+        """The attempt is over. A cut it finished despite (a capability that swallowed the
+        cancellation) is taken back: the next boundary stops the run instead."""
+        self._armed.pop(task, None)
+        if task in self._cut:
+            self._cut.discard(task)
+            task.uncancel()

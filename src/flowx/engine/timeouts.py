@@ -76,42 +76,23 @@ async def invoke_bounded(
 
     Raises ``StepTimedOut`` past the step's own timeout, ``DeadlineReached`` past the flow's
     deadline, ``StopReached`` when an operator's stop that applies to it arrives (``stop``:
-    the run's watch and whether a cancel cuts this attempt). A sync capability's thread is
-    abandoned (never waited for again) when the attempt ends without it: on a timeout, a
-    stop, or when the run itself is cancelled (a drain cut short).
+    the run's watch, and whether a cancel cuts this attempt or only a terminate does). A sync
+    capability's thread is abandoned (never waited for again) when the attempt ends without
+    it: on a timeout, a stop, or when the run itself is cancelled (a drain cut short).
     """
-    if cap.is_async:
-        if limit is None and stop is None:
-            return await cap.invoke(ctx, argument, executor)
-        try:
-            async with asyncio.timeout(limit) as bound:
-                with _cutting(stop, bound):
-                    return await cap.invoke(ctx, argument, executor)
-        except TimeoutError:
-            raise _late(limit, by_deadline, what, stop, bound) from None
-    call = cap.prepared(ctx, argument)
-    if executor is None:
-        # No executor of ours to count stuck threads in: the loop's default one, unbounded
-        # waits only (an Ephemeral run with no host, a test). An Ephemeral run has no stop.
-        running = asyncio.get_running_loop().run_in_executor(None, call)
-        if limit is None:
-            return await running
-        try:
-            return await asyncio.wait_for(running, limit)
-        except TimeoutError:
-            raise _late(limit, by_deadline, what, None, None) from None
-    future: Future[Any] = executor.submit(call)
-    waiting = asyncio.wrap_future(future)
+    if stop is None:
+        return await _bounded(cap, ctx, argument, executor, limit, by_deadline, what)
+    watch, by_cancel = stop
+    armed = watch.arm(by_cancel=by_cancel)
     try:
-        async with asyncio.timeout(limit) as bound:
-            with _cutting(stop, bound):
-                return await asyncio.shield(waiting)
-    except TimeoutError:
-        _abandon(executor, future, waiting)
-        raise _late(limit, by_deadline, what, stop, bound) from None
+        return await _bounded(cap, ctx, argument, executor, limit, by_deadline, what)
     except asyncio.CancelledError:
-        _abandon(executor, future, waiting)
-        raise
+        request = watch.cut(armed)
+        if request is None:
+            raise
+        raise StopReached(request) from None
+    finally:
+        watch.disarm(armed)
 
 
 #: What ``invoke_bounded`` needs to let a stop cut an attempt: the run's watch, and whether
@@ -119,13 +100,45 @@ async def invoke_bounded(
 StopCut = tuple[StopWatch, bool]
 
 
-def _cutting(
-    stop: StopCut | None, bound: asyncio.Timeout
-) -> contextlib.AbstractContextManager[None]:
-    if stop is None:
-        return contextlib.nullcontext()
-    watch, by_cancel = stop
-    return watch.cutting(bound, by_cancel=by_cancel)
+async def _bounded(
+    cap: Capability,
+    ctx: Any,
+    argument: Any,
+    executor: Executor | None,
+    limit: float | None,
+    by_deadline: bool,
+    what: str,
+) -> Any:
+    """``invoke_bounded`` without the stop."""
+    if cap.is_async:
+        if limit is None:
+            return await cap.invoke(ctx, argument, executor)
+        try:
+            async with asyncio.timeout(limit):
+                return await cap.invoke(ctx, argument, executor)
+        except TimeoutError:
+            raise _late(limit, by_deadline, what) from None
+    call = cap.prepared(ctx, argument)
+    if executor is None:
+        # No executor of ours to count stuck threads in: the loop's default one, unbounded
+        # waits only (an Ephemeral run with no host, a test).
+        running = asyncio.get_running_loop().run_in_executor(None, call)
+        if limit is None:
+            return await running
+        try:
+            return await asyncio.wait_for(running, limit)
+        except TimeoutError:
+            raise _late(limit, by_deadline, what) from None
+    future: Future[Any] = executor.submit(call)
+    waiting = asyncio.wrap_future(future)
+    try:
+        return await asyncio.wait_for(asyncio.shield(waiting), limit)
+    except TimeoutError:
+        _abandon(executor, future, waiting)
+        raise _late(limit or 0.0, by_deadline, what) from None
+    except asyncio.CancelledError:
+        _abandon(executor, future, waiting)
+        raise
 
 
 def _abandon(executor: Executor, future: Future[Any], waiting: asyncio.Future[Any]) -> None:
@@ -146,15 +159,7 @@ def _swallow(future: Future[Any]) -> None:
         future.exception()
 
 
-def _late(
-    limit: float | None,
-    by_deadline: bool,
-    what: str,
-    stop: StopCut | None,
-    bound: asyncio.Timeout | None,
-) -> Exception:
-    if stop is not None and bound is not None and (request := stop[0].cut(bound)) is not None:
-        return StopReached(request)
+def _late(limit: float, by_deadline: bool, what: str) -> Exception:
     if by_deadline:
         return DeadlineReached(f"{what}: the flow deadline passed while it ran")
     return StepTimedOut(f"{what} ran longer than its timeout ({limit:g}s) and was abandoned")
