@@ -20,6 +20,7 @@ from flowx.testing.conformance import (
     LeaseStoreConformance,
     OutboxConformance,
     RecoveryIndexConformance,
+    RetentionStoreConformance,
     StopStoreConformance,
     WaitStoreConformance,
 )
@@ -95,4 +96,8 @@ class TestWaitStore(WaitStoreConformance):
 
 
 class TestStopStore(StopStoreConformance):
+    pass
+
+
+class TestRetentionStore(RetentionStoreConformance):
     pass

@@ -20,6 +20,7 @@ from flowx.stores.protocols import (
     LeaseStore,
     OutboxStore,
     RecoveryIndex,
+    RetentionStore,
     RoundTripBound,
     StopStore,
     StoreClock,
@@ -77,6 +78,10 @@ class PairedStores:
     @property
     def stops(self) -> StopStore:
         return self._base.stops
+
+    @property
+    def retention(self) -> RetentionStore:
+        return self._base.retention
 
     async def open(self) -> None:
         await self._base.open()

@@ -20,9 +20,11 @@ from datetime import datetime, timedelta
 from typing import Protocol, runtime_checkable
 
 from flowx.stores.records import (
+    ArchivedInstance,
     ChangeBatch,
     CreateResult,
     EventRecord,
+    ExpiredInstance,
     History,
     InstanceRecord,
     InstanceState,
@@ -30,6 +32,7 @@ from flowx.stores.records import (
     NewInstance,
     OutboxPurge,
     RecoveryCandidate,
+    RetentionPolicy,
     SignalReceipt,
     SignalRecord,
     StepCommit,
@@ -286,6 +289,48 @@ class StopStore(Protocol):
 
 
 @runtime_checkable
+class RetentionStore(Protocol):
+    """**Protocol:** what the retention sweep reads and deletes (R2.13). A sweep finds a
+    page of expired instances, hands their contents to the archiver, and deletes exactly
+    what it archived; the outbox's published events go by ``ChangeFeed.purge_published``."""
+
+    async def policies(self) -> Sequence[RetentionPolicy]:
+        """Every ``retention_policy`` row, ``'*'`` (the defaults) included."""
+        ...
+
+    async def set_policy(self, policy: RetentionPolicy) -> None:
+        """Insert or replace the policy of ``(flow_id, state_class)``."""
+        ...
+
+    async def expired(
+        self,
+        *,
+        flow_id: str | None,
+        states: Sequence[InstanceState],
+        ended_before: datetime,
+        skip_flows: Sequence[str] = (),
+        after: tuple[datetime, str] | None = None,
+        limit: int,
+    ) -> Sequence[ExpiredInstance]:
+        """Up to ``limit`` instances in ``states`` last written before ``ended_before`` — of
+        ``flow_id``, or of any flow but ``skip_flows`` when ``flow_id`` is ``None`` — oldest
+        first, keyset-paged after ``(updated_at, instance_id)``, each with why it is held
+        back if it is. Served by ``flow_instance_ended_idx``."""
+        ...
+
+    async def contents(self, instance_ids: Sequence[str]) -> Sequence[ArchivedInstance]:
+        """Everything the journal holds of each of these instances (those that exist)."""
+        ...
+
+    async def delete(self, expired: Sequence[ExpiredInstance]) -> int:
+        """Delete each instance (its steps, signals, events and lease with it) that is still
+        ended and still at the ``updated_at`` it was found at, and is still not held back;
+        how many were deleted. One write: two sweeps deleting one page delete each row once.
+        """
+        ...
+
+
+@runtime_checkable
 class StoreClock(Protocol):
     """**Protocol:** a store that keeps time of its own (a server), so a node can measure its
     offset to it. A node too far off refuses to start (R9.2); stores in this process
@@ -489,6 +534,9 @@ class Stores(Protocol):
 
     @property
     def stops(self) -> StopStore: ...
+
+    @property
+    def retention(self) -> RetentionStore: ...
 
     async def open(self) -> None:
         """Connect and bring the schema up to date (or refuse one the code does not know)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 
 
@@ -408,3 +408,47 @@ class StopReceipt:
     status: str
     state: InstanceState
     affected: tuple[tuple[str, InstanceState], ...] = ()
+
+
+#: The retention classes of ``retention_policy.state_class`` (R2.13). ``Failed`` covers every
+#: end but ``Completed``: Failed, TimedOut, CompensationFailed, Cancelled and Terminated.
+RETENTION_CLASSES = ("Completed", "Failed", "Suspended", "OutboxPublished")
+
+
+def retention_class(state: InstanceState) -> str:
+    """The ``retention_policy.state_class`` an ended instance is kept under."""
+    return "Completed" if state is InstanceState.COMPLETED else "Failed"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RetentionPolicy:
+    """How long instances of ``flow_id`` (``'*'``: any flow without a policy of its own)
+    ending in ``state_class`` are kept after they end; ``retain_for=None``: for ever."""
+
+    flow_id: str
+    state_class: str
+    retain_for: timedelta | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ExpiredInstance:
+    """An ended instance past its retention window. ``updated_at`` is the version a delete
+    checks, so what was archived is exactly what is deleted. ``held_by``: why it is kept
+    anyway (``None``: it may go): an event not yet published or not yet read by a declared
+    consumer, or a parent that has not ended (its compensation may still need the child)."""
+
+    instance_id: str
+    flow_id: str
+    state: InstanceState
+    updated_at: datetime
+    held_by: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ArchivedInstance:
+    """Everything the journal holds of one instance, as an archiver receives it."""
+
+    instance: InstanceRecord
+    steps: tuple[StepRecord, ...]
+    signals: tuple[SignalRecord, ...]
+    events: tuple[EventRecord, ...]

@@ -6,6 +6,8 @@ In a module of its own so that the journal, the leases and the waits (``store.py
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from flowx.stores.errors import FencedOut, UnknownInstance
 from flowx.stores.records import (
     EventRecord,
@@ -30,6 +32,15 @@ class MemoryData:
         self.staged_seq = 0
         self.signals: list[SignalRecord] = []
         self.signal_seq = 0
+        #: Each declared change consumer's cursor (its last ``staged_seq`` read).
+        self.cursors: dict[str, int] = {}
+        #: ``retention_policy``, seeded as the SQL migrations seed it (R2.13).
+        self.policies: dict[tuple[str, str], timedelta | None] = {
+            ("*", "Completed"): timedelta(days=30),
+            ("*", "Failed"): timedelta(days=180),
+            ("*", "Suspended"): None,
+            ("*", "OutboxPublished"): timedelta(days=7),
+        }
 
     def fenced(self, instance_id: str, token: int) -> InstanceRecord:
         """The instance a write under ``token`` may change; ``UnknownInstance`` or

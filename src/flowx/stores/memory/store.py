@@ -18,6 +18,7 @@ from flowx.stores.errors import (
     UnknownConsumer,
 )
 from flowx.stores.memory.data import MemoryData, candidate
+from flowx.stores.memory.retention import MemoryRetention
 from flowx.stores.memory.stops import MemoryStops
 from flowx.stores.memory.waits import MemoryWaits
 from flowx.stores.outbox_claims import ClaimOutcome
@@ -377,7 +378,7 @@ class MemoryChanges:
 
     def __init__(self, data: MemoryData) -> None:
         self._d = data
-        self._cursors: dict[str, int] = {}
+        self._cursors = data.cursors
 
     async def subscribe(self, consumer: str, *, now: datetime, from_start: bool = True) -> bool:
         if consumer in self._cursors:
@@ -429,6 +430,7 @@ class MemoryStores:
         self.changes = MemoryChanges(self._data)
         self.waits = MemoryWaits(self._data)
         self.stops = MemoryStops(self._data)
+        self.retention = MemoryRetention(self._data)
 
     def commit_releases_lease(self) -> bool:
         """``CommitReleases``: the journal keeps the leases, so a terminal commit ends its

@@ -31,6 +31,7 @@ from flowx.stores.postgres.leases import GRANT_OVER_EXPIRED, PostgresLeaseStore
 from flowx.stores.postgres.notify import WORK, Listener, Notifier
 from flowx.stores.postgres.outbox import PostgresOutbox
 from flowx.stores.postgres.reads import SELECT_INSTANCE, BatchedReads
+from flowx.stores.postgres.retention import PostgresRetention
 from flowx.stores.postgres.rows import candidates
 from flowx.stores.postgres.stops import PostgresStops
 from flowx.stores.postgres.waits import PostgresWaits
@@ -397,6 +398,7 @@ class PostgresStores:
         self.changes = PostgresChanges(self.db)
         self.waits = PostgresWaits(self.db, self.work_notifier)
         self.stops = PostgresStops(self.db, self.work_notifier)
+        self.retention = PostgresRetention(self.db)
 
     async def claim_queued(
         self,

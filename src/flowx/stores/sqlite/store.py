@@ -51,6 +51,7 @@ from flowx.stores.sqlite.leasing import (
     release_in,
 )
 from flowx.stores.sqlite.outbox import SqliteChanges, SqliteOutbox
+from flowx.stores.sqlite.retention import SqliteRetention
 from flowx.stores.sqlite.rows import (
     SELECT_INSTANCE,
     candidates,
@@ -427,6 +428,7 @@ class SqliteStores:
         self.changes = SqliteChanges(self.db)
         self.waits = SqliteWaits(self.db)
         self.stops = SqliteStops(self.db)
+        self.retention = SqliteRetention(self.db)
         self._seen_version: int | None = None
 
     async def wait_work(self, timeout: float) -> bool:

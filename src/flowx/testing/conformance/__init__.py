@@ -17,6 +17,7 @@ from flowx.testing.conformance.journal import JournalConformance
 from flowx.testing.conformance.leases import LeaseStoreConformance
 from flowx.testing.conformance.outbox import ChangeFeedConformance, OutboxConformance
 from flowx.testing.conformance.recovery import RecoveryIndexConformance
+from flowx.testing.conformance.retention import RetentionStoreConformance
 from flowx.testing.conformance.stops import StopStoreConformance
 from flowx.testing.conformance.waits import WaitStoreConformance
 
@@ -26,6 +27,7 @@ __all__ = [
     "LeaseStoreConformance",
     "OutboxConformance",
     "RecoveryIndexConformance",
+    "RetentionStoreConformance",
     "StopStoreConformance",
     "WaitStoreConformance",
 ]

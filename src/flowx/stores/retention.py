@@ -1,0 +1,44 @@
+"""Retention in the store (R2.13): what every backend says about an expired instance.
+
+The sweep itself (which policies, which pages, the archiver) is the host's
+(``flowx.hosting.retention``); a backend finds expired instances, reads their contents and
+deletes what was archived. Why an expired instance is kept anyway is decided by the same
+three rules everywhere, named here so every backend reports them in the same words.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from flowx.stores.columns import TERMINAL_STATES_SQL
+
+#: An event of the instance has not been published (dead letters included: an operator may
+#: still resend one).
+UNPUBLISHED = "an event not yet published"
+#: An event of the instance is past the cursor of a declared change consumer.
+UNREAD = "an event a declared consumer has not read"
+#: A sub-flow child whose parent has not ended: the parent's compensation may still need to
+#: replay it and run its compensations.
+PARENT_LIVE = "its parent has not ended"
+
+
+def held_by_sql(unread: str) -> str:
+    """``HELD_BY_SQL`` with the backend's test of an event (``o``) a consumer has not read:
+    a cursor is a ``staged_seq`` on SQLite, a ``(staged_xid, staged_seq)`` on PostgreSQL."""
+    terminal = TERMINAL_STATES_SQL
+    return (
+        "CASE WHEN EXISTS (SELECT 1 FROM outbox_event o WHERE o.instance_id = f.instance_id "
+        f"AND o.published_at IS NULL) THEN '{UNPUBLISHED}' "
+        "WHEN EXISTS (SELECT 1 FROM outbox_event o WHERE o.instance_id = f.instance_id "
+        f"AND {unread}) THEN '{UNREAD}' "
+        "WHEN EXISTS (SELECT 1 FROM flow_instance p WHERE p.instance_id = f.parent_instance_id "
+        f"AND p.state NOT IN {terminal}) THEN '{PARENT_LIVE}' END"
+    )
+
+
+#: Why an ended instance (aliased ``f``) is kept anyway, or ``NULL``: the rules above, in
+#: SQL (outbox_event_instance_idx serves the first two, the primary key the third). SQLite's
+#: spelling; PostgreSQL's cursors are pairs (``flowx.stores.postgres.retention``).
+HELD_BY_SQL: Final = held_by_sql(
+    "o.staged_seq > (SELECT min(c.last_staged_seq) FROM change_cursor c)"
+)
