@@ -21,6 +21,7 @@ import psycopg
 import pytest
 
 from flowx.stores.postgres.claims import CLAIM_PLAN, CLAIM_QUEUED
+from flowx.stores.postgres.retention import EXPIRED as RETENTION_EXPIRED
 from flowx.stores.postgres.stops import LOCK_TREE
 from flowx.stores.postgres.store import (
     FIND_ABANDONED,
@@ -397,3 +398,23 @@ def test_a_stop_request_finds_the_tree_through_the_parent_index(
     plan = explain(journal.schema, query, (journal.history_id,), generic=generic)
     assert "flow_instance_parent_idx" in index_names(plan), plan
     assert "Seq Scan" not in node_types(plan), plan
+
+
+@PLANS
+def test_the_retention_page_walks_the_ended_index_without_sorting(
+    journal: Journal, generic: bool
+) -> None:
+    """R2.13: a sweep page is a range scan of flow_instance_ended_idx in (updated_at,
+    instance_id) order, however many ended instances the journal holds."""
+    query = re.sub(r"%\((\w+)\)([sb])", r"%\2", RETENTION_EXPIRED)
+    params = (["Completed"], T0, None, [], None, None, None, None, 500)
+    plan = explain(journal.schema, query, params, generic=generic)
+    assert "flow_instance_ended_idx" in index_names(plan), plan
+    scans = [(n.get("Node Type"), n.get("Relation Name")) for n in plan_nodes(plan)]
+    assert ("Seq Scan", "flow_instance") not in scans, plan
+    assert ("Seq Scan", "outbox_event") not in scans, plan
+    # The one sort allowed: the least change cursor, over the handful of declared consumers.
+    for node in plan_nodes(plan):
+        if "Sort" in str(node.get("Node Type")):
+            below = {n.get("Relation Name") for n in plan_nodes([{"Plan": node}])} - {None}
+            assert below == {"change_cursor"}, plan

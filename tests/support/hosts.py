@@ -8,7 +8,14 @@ from typing import Any
 import flowx
 
 #: What a node is configured with (``HostSettings``) rather than built from.
-NODE_SETTINGS = ("node_id", "recovery", "timers", "outbox_batch_size")
+NODE_SETTINGS = (
+    "node_id",
+    "recovery",
+    "timers",
+    "outbox_batch_size",
+    "retention_page_size",
+    "retention_sweep_interval",
+)
 
 
 def fold_settings(kw: dict[str, Any]) -> dict[str, Any]:

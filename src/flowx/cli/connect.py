@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 
 from flowx.cli.exits import fail
 from flowx.errors import FlowNotCarried, FlowNotFound, FlowXError
+from flowx.hosting.archive import Archiver
 from flowx.hosting.host import FlowHost
 from flowx.hosting.settings import HostSettings
 from flowx.hosting.stores import from_url
@@ -39,13 +40,15 @@ def plans_or_fail(flows: tuple[str, ...]) -> list[Plan]:
         fail(exc)
 
 
-def command_host(stores: Stores, plans: list[Plan]) -> FlowHost:
-    """A host for one command: no recovery scan and no timers, so it runs nothing it was not
-    asked to; on exit it drains and hands back whatever it holds."""
+def command_host(stores: Stores, plans: list[Plan], archiver: Archiver | None = None) -> FlowHost:
+    """A host for one command: no recovery scan, no timers and no scheduled retention sweep,
+    so it runs nothing it was not asked to; on exit it drains and hands back whatever it
+    holds."""
     return FlowHost(
         store=stores,
         flows=plans,
-        settings=HostSettings.load(recovery=False, timers=False),
+        settings=HostSettings.load(recovery=False, timers=False, retention=False),
+        archiver=archiver,
     )
 
 

@@ -1,5 +1,5 @@
 """``flowx``: run a worker, start, list and inspect instances, signal, replay, cancel and
-terminate them, look at the outbox, migrate a store.
+terminate them, keep and sweep by retention policy, look at the outbox, migrate a store.
 
 This module only puts the command groups together (each lives in its own module) and is the
 console-script entry point, ``flowx = "flowx.cli.main:main"``, also run as
@@ -12,6 +12,7 @@ from flowx.cli.app import cli
 from flowx.cli.db import migrate
 from flowx.cli.instances import list_, show, start
 from flowx.cli.outbox import outbox
+from flowx.cli.retention import retention
 from flowx.cli.signals import replay, signal
 from flowx.cli.stops import cancel, terminate
 from flowx.cli.worker import worker
@@ -19,7 +20,19 @@ from flowx.cli.worker import worker
 __all__ = ["cli", "main"]
 
 # In the order --help listed them before the split (click sorts them by name anyway).
-for _command in (worker, start, list_, show, signal, replay, cancel, terminate, migrate, outbox):
+for _command in (
+    worker,
+    start,
+    list_,
+    show,
+    signal,
+    replay,
+    cancel,
+    terminate,
+    retention,
+    migrate,
+    outbox,
+):
     cli.add_command(_command)
 
 

@@ -35,6 +35,7 @@ from flowx.errors import (
 )
 from flowx.hosting import stopping
 from flowx.hosting.alerts import AlertSink, LoggingAlertSink
+from flowx.hosting.archive import Archiver
 from flowx.hosting.catalog import PlanCatalog
 from flowx.hosting.clock_offset import JournalClock
 from flowx.hosting.context import NodeContext
@@ -43,6 +44,7 @@ from flowx.hosting.handle import FlowHandle
 from flowx.hosting.instance_runner import InstanceRunner
 from flowx.hosting.lease import LeaseKeeper
 from flowx.hosting.recovery import RecoveryScanResult, RecoveryService, ResumeVerdict
+from flowx.hosting.retention import SweepReport
 from flowx.hosting.services import NodeServices
 from flowx.hosting.settings import HostSettings
 from flowx.hosting.stopping import StopOutcome, request_of
@@ -78,6 +80,7 @@ class FlowHost:
         registry: CapabilityRegistry | None = None,
         publisher: EventPublisher | None = None,
         alerts: AlertSink | None = None,
+        archiver: Archiver | None = None,
     ) -> None:
         settings = settings if settings is not None else HostSettings.load()
         node_id = settings.node_id
@@ -112,7 +115,11 @@ class FlowHost:
         )
         self._runner = InstanceRunner(ctx)
         self._services = NodeServices(
-            ctx, self._runner, run_recovery=settings.recovery, run_timers=settings.timers
+            ctx,
+            self._runner,
+            run_recovery=settings.recovery,
+            run_timers=settings.timers,
+            archiver=archiver,
         )
 
     # -- what the node is made of (read-only views of its parts) ---------------------------
@@ -449,6 +456,16 @@ class FlowHost:
         if not storable_id(instance_id):  # no journal could hold it, so none does
             raise InstanceNotFound(instance_id)
         return await stopping.stop(self._ctx, self._runner, instance_id, request)
+
+    # -- retention ---------------------------------------------------------------------------
+
+    async def sweep_retention(self, *, dry_run: bool = False) -> SweepReport:
+        """Delete what is past its retention window now (R2.13), archiving it first if the
+        host has an archiver (``archiver=``, or ``retention_archive_dir``); ``dry_run`` only
+        counts. Workers sweep on their own every ``retention_sweep_interval``; one node
+        sweeps at a time, and a node that finds another sweeping answers ``busy``."""
+        self._ctx.require_stores()
+        return await self._services.retention.sweep_once(dry_run=dry_run)
 
     # -- reading ---------------------------------------------------------------------------
 

@@ -14,12 +14,14 @@ import time
 from datetime import datetime
 
 from flowx.errors import FlowXError
+from flowx.hosting.archive import Archiver, JsonlArchiver
 from flowx.hosting.clock_offset import ClockWatch
 from flowx.hosting.clock_offset import check as check_clock_offsets
 from flowx.hosting.clock_offset import measure as measure_clock_offsets
 from flowx.hosting.context import NodeContext
 from flowx.hosting.instance_runner import InstanceRunner
 from flowx.hosting.recovery import RecoveryService
+from flowx.hosting.retention import RetentionService
 from flowx.hosting.timers import TimerService
 from flowx.stores.errors import JournalUnavailable, LeaseUnavailable
 from flowx.stores.protocols import QueueClaims, RoundTripBound, Stores, WorkWakeups
@@ -33,7 +35,13 @@ class NodeServices:
     """The loops of one node, and the event that tells them to stop."""
 
     def __init__(
-        self, ctx: NodeContext, runner: InstanceRunner, *, run_recovery: bool, run_timers: bool
+        self,
+        ctx: NodeContext,
+        runner: InstanceRunner,
+        *,
+        run_recovery: bool,
+        run_timers: bool,
+        archiver: Archiver | None = None,
     ) -> None:
         self._ctx = ctx
         settings, store = ctx.settings, ctx.store
@@ -65,6 +73,9 @@ class NodeServices:
             else None
         )
         runner.recovery, runner.timers = self.recovery, self.timers
+        if archiver is None and settings.retention_archive_dir:
+            archiver = JsonlArchiver(settings.retention_archive_dir)
+        self.retention = RetentionService(ctx, archiver)
         if self.recovery is not None and isinstance(store, QueueClaims):
             self.recovery.claim = runner.claim_queued
         self._run_recovery = run_recovery
@@ -73,6 +84,7 @@ class NodeServices:
         self.connected = asyncio.Event()
         self._recovery_task: asyncio.Task[None] | None = None
         self._timer_task: asyncio.Task[None] | None = None
+        self._retention_task: asyncio.Task[None] | None = None
         self._wake_task: asyncio.Task[None] | None = None
         self._clock_task: asyncio.Task[None] | None = None
         self._connector: asyncio.Task[None] | None = None
@@ -129,6 +141,10 @@ class NodeServices:
         if self._run_timers and self.timers is not None:
             self._timer_task = loop.create_task(
                 self.timers.run_forever(self.stop), name="flowx-timers"
+            )
+        if ctx.settings.retention:
+            self._retention_task = loop.create_task(
+                self.retention.run_forever(self.stop), name="flowx-retention"
             )
         wanted = ctx.settings.wakeups and (self._run_recovery or self._run_timers)
         if wanted and isinstance(store, WorkWakeups):
@@ -232,6 +248,9 @@ class NodeServices:
         # accepting); the timer service stops before the instances drain too.
         await self.stop_sweeps(left())
         await self.stop_timers(left())
+        # A retention sweep in progress stops between pages (its lease is released).
+        await stop_service(self._retention_task, left(), "the retention sweep")
+        self._retention_task = None
         await runner.drain(left, budget)
         await self.stop_outbox(left())
         await self.stop_clock_watch()

@@ -25,6 +25,7 @@ _DURATIONS = (
     "shutdown_drain_timeout",
     "timer_poll_interval",
     "max_clock_offset",
+    "retention_sweep_interval",
 )
 
 
@@ -81,6 +82,16 @@ class HostSettings(BaseModel):
     wakeups: bool = True
     #: Outbox events claimed per publish round when the host runs a publisher (R5.2).
     outbox_batch_size: int = 500
+    #: Whether this node sweeps ended instances past their retention window (R2.13), one
+    #: node at a time, every ``retention_sweep_interval``. A node that only starts flows
+    #: (a web front end, a CLI command) may leave it to the workers.
+    retention: bool = True
+    retention_sweep_interval: timedelta = timedelta(hours=1)
+    #: Instances a sweep reads (and archives, and deletes) per round trip.
+    retention_page_size: int = 500
+    #: Where the built-in archiver writes ``.jsonl.gz`` files before a sweep deletes;
+    #: ``None``: instances are deleted without an archive (unless the host was given one).
+    retention_archive_dir: str | None = None
 
     @field_validator(*_DURATIONS, mode="before")
     @classmethod
@@ -108,6 +119,8 @@ class HostSettings(BaseModel):
             raise ValueError("recovery_scan_interval must be above 0")
         if self.timer_poll_interval.total_seconds() <= 0:
             raise ValueError("timer_poll_interval must be above 0")
+        if self.retention_sweep_interval.total_seconds() < 1:
+            raise ValueError("retention_sweep_interval must be at least 1s")
         if not 0 <= self.recovery_scan_jitter < 1:
             raise ValueError("recovery_scan_jitter is a fraction in [0, 1)")
         if self.queue_prefetch < 0:
@@ -121,6 +134,7 @@ class HostSettings(BaseModel):
             "timer_batch_size",
             "ephemeral_results_kept",
             "outbox_batch_size",
+            "retention_page_size",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")

@@ -27,12 +27,14 @@ def held_by_sql(unread: str) -> str:
     a cursor is a ``staged_seq`` on SQLite, a ``(staged_xid, staged_seq)`` on PostgreSQL."""
     terminal = TERMINAL_STATES_SQL
     return (
-        "CASE WHEN EXISTS (SELECT 1 FROM outbox_event o WHERE o.instance_id = f.instance_id "
-        f"AND o.published_at IS NULL) THEN '{UNPUBLISHED}' "
-        "WHEN EXISTS (SELECT 1 FROM outbox_event o WHERE o.instance_id = f.instance_id "
-        f"AND {unread}) THEN '{UNREAD}' "
-        "WHEN EXISTS (SELECT 1 FROM flow_instance p WHERE p.instance_id = f.parent_instance_id "
-        f"AND p.state NOT IN {terminal}) THEN '{PARENT_LIVE}' END"
+        # Scalar subqueries, not EXISTS: each is one index probe per row of the page, where a
+        # hashed EXISTS would read every pending event or live instance once per page.
+        "CASE WHEN (SELECT 1 FROM outbox_event o WHERE o.instance_id = f.instance_id "
+        f"AND o.published_at IS NULL LIMIT 1) IS NOT NULL THEN '{UNPUBLISHED}' "
+        "WHEN (SELECT 1 FROM outbox_event o WHERE o.instance_id = f.instance_id "
+        f"AND {unread} LIMIT 1) IS NOT NULL THEN '{UNREAD}' "
+        "WHEN (SELECT p.state FROM flow_instance p WHERE p.instance_id = f.parent_instance_id) "
+        f"NOT IN {terminal} THEN '{PARENT_LIVE}' END"
     )
 
 
