@@ -165,6 +165,13 @@ class NonRetryableError(FlowXError):
     code = "step.non_retryable"
 
 
+class JournalNotFound(FlowXError):
+    """A command that only reads was pointed at a journal that does not exist; nothing was
+    created. The message names what was looked for."""
+
+    code = "store.journal_not_found"
+
+
 class IllegalState(FlowXError):
     """The instance is not in a state where what was asked can be done: a replay of one that is
     not stopped where ``--from`` says, or one that moved on meanwhile. Nothing was written; the

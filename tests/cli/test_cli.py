@@ -45,7 +45,7 @@ def test_start_leaves_a_pending_instance_for_a_worker(db: str) -> None:
     assert started["created"] is True
     code, out, _ = invoke("list", "--db", db, "-o", "json")
     assert code == 0
-    rows = json.loads(out)
+    rows = json.loads(out)["instances"]
     assert [(r["instance_id"], r["state"], r["input"]) for r in rows] == [
         (started["instance_id"], "Pending", {"name": "ada", "times": 1})
     ]
@@ -114,8 +114,10 @@ def test_an_ephemeral_flow_is_refused_rather_than_run_and_forgotten(db: str) -> 
     )  # fmt: skip
     assert code == 1
     assert "Ephemeral" in err
-    code, out, _ = invoke("list", "--db", db, "-o", "json")
-    assert json.loads(out) == []
+    code, out, err = invoke("list", "--db", db, "-o", "json")
+    assert code == 3  # nothing was started: not even the journal was created
+    assert json.loads(out)["error"]["code"] == "store.journal_not_found"
+    assert "no journal at" in err
 
 
 def test_an_unimportable_flows_module_is_explained(db: str) -> None:
@@ -170,8 +172,11 @@ def test_list_text_is_a_table_with_a_next_page_cursor(db: str) -> None:
     cursor = err.strip().removeprefix("more: --before ")
     code, out, err = invoke("list", "--db", db, "--before", cursor, "-o", "json")
     assert code == 0
-    assert [r["instance_id"] for r in json.loads(out)] == [ids[0]]
+    assert json.loads(out) == {"instances": json.loads(out)["instances"], "next": None}
+    assert [r["instance_id"] for r in json.loads(out)["instances"]] == [ids[0]]
     assert err == ""  # a short page prints no cursor
+    code, out, _ = invoke("list", "--db", db, "--limit", "2", "-o", "json")
+    assert json.loads(out)["next"] == cursor  # the same cursor the text hint gave
 
 
 def test_list_filters_by_state_case_insensitively(db: str) -> None:
@@ -180,7 +185,7 @@ def test_list_filters_by_state_case_insensitively(db: str) -> None:
     asyncio.run(run_instance(db, done))
     code, out, _ = invoke("list", "--db", db, "--state", "completed", "-o", "json")
     assert code == 0
-    assert [r["instance_id"] for r in json.loads(out)] == [done]
+    assert [r["instance_id"] for r in json.loads(out)["instances"]] == [done]
     code, out, _ = invoke("list", "--db", db, "--state", "Pending", "--flow", "cli.greeting")
     assert code == 0
     assert pending in out and done not in out
@@ -195,9 +200,26 @@ def test_a_malformed_cursor_is_a_usage_error(db: str) -> None:
 
 
 def test_show_of_an_unknown_instance_exits_3(db: str) -> None:
-    code, _, err = invoke("show", "00000000-0000-0000-0000-000000000000", "--db", db)
+    assert invoke("migrate", "--db", db)[0] == 0
+    code, out, err = invoke("show", "00000000-0000-0000-0000-000000000000", "--db", db)
     assert code == 3
     assert "no flow instance" in err
+    code, out, _ = invoke("show", "00000000-0000-0000-0000-000000000000", "--db", db, "-o", "json")
+    assert code == 3
+    assert json.loads(out)["error"] == {
+        "code": "instance.not_found",
+        "exit": 3,
+        "message": "no flow instance '00000000-0000-0000-0000-000000000000' in this journal",
+    }
+
+
+def test_a_read_command_never_creates_a_journal(tmp_path: Path) -> None:
+    path = tmp_path / "missing.db"
+    for command in (("list",), ("count",), ("show", "x"), ("result", "x"), ("retention", "show")):
+        code, _, err = invoke(*command, "--db", f"sqlite:///{path}")
+        assert code == 3, command
+        assert f"no journal at {path}" in err
+        assert not path.exists()
 
 
 def test_migrate_reports_the_schema_version(db: str) -> None:

@@ -34,6 +34,7 @@ def old_instances(db: str, count: int) -> list[str]:
 
 
 def test_show_lists_the_seeded_policies_and_set_changes_one(db: str) -> None:
+    assert invoke("migrate", "--db", db)[0] == 0
     code, out, err = invoke("retention", "show", "--db", db, "-o", "json")
     assert code == 0, err
     assert json.loads(out) == [
@@ -88,6 +89,7 @@ def test_show_lists_the_seeded_policies_and_set_changes_one(db: str) -> None:
 
 
 def test_bad_policies_are_usage_errors_and_change_nothing(db: str) -> None:
+    assert invoke("migrate", "--db", db)[0] == 0
     before = invoke("retention", "show", "--db", db, "-o", "json")[1]
     for args, says in (
         (("--class", "Completed", "--keep", "banana"), "write e.g. 30d"),
@@ -99,6 +101,10 @@ def test_bad_policies_are_usage_errors_and_change_nothing(db: str) -> None:
         assert code == 2, (args, err)
         assert says in err
         assert "Traceback" not in err
+    code, out, _ = invoke(
+        "retention", "set", "--class", "Completed", "--keep", "10s", "--db", db, "-o", "json"
+    )
+    assert (code, json.loads(out)["error"]["exit"]) == (2, 2)
     assert invoke("retention", "show", "--db", db, "-o", "json")[1] == before
 
 

@@ -16,6 +16,7 @@ from flowx.stores.redis import RedisLeaseStore
 from flowx.stores.sqlite import SqliteStores
 from flowx.testing.conformance import (
     ChangeFeedConformance,
+    InstanceCatalogConformance,
     JournalConformance,
     LeaseStoreConformance,
     OutboxConformance,
@@ -100,4 +101,8 @@ class TestStopStore(StopStoreConformance):
 
 
 class TestRetentionStore(RetentionStoreConformance):
+    pass
+
+
+class TestInstanceCatalog(InstanceCatalogConformance):
     pass

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from flowx.cli.exits import fail
-from flowx.errors import FlowNotCarried, FlowNotFound, FlowXError
+from flowx.errors import FlowNotCarried, FlowNotFound, FlowXError, JournalNotFound
 from flowx.hosting.archive import Archiver
 from flowx.hosting.host import FlowHost
 from flowx.hosting.settings import HostSettings
@@ -18,13 +19,19 @@ from flowx.stores.protocols import Stores
 
 
 @asynccontextmanager
-async def open_stores(url: str) -> AsyncIterator[Stores]:
+async def open_stores(url: str, *, create: bool = True) -> AsyncIterator[Stores]:
     """Open (and so migrate) the stores a URL names, and always close them.
+
+    ``create=False`` (a command that only reads) opens an existing journal as it is: a
+    SQLite file that does not exist is an error naming the path, not a new empty journal, and
+    a journal at an older schema is refused with the migration to run rather than migrated.
 
     ``close`` runs even when ``open`` fails — on a file that is not a journal, say — so the
     store's database thread never outlives the command.
     """
-    stores = from_url(url)
+    if not create:
+        _must_exist(url)
+    stores = from_url(url, migrate=create)
     try:
         await stores.open()
         yield stores
@@ -61,3 +68,15 @@ def not_carried(exc: FlowNotFound, flows: tuple[str, ...], plans: list[Plan]) ->
         f"(it defines: {carried}); pass the module that defines it, e.g. "
         "--flows myapp.flows:FLOWS (repeatable)"
     )
+
+
+def _must_exist(url: str) -> None:
+    """A read command's SQLite journal must already be there (``JournalNotFound``)."""
+    if not url.startswith("sqlite:///"):
+        return
+    path = Path(url.removeprefix("sqlite:///"))
+    if not path.exists():
+        raise JournalNotFound(
+            f"no journal at {path} (from --db {url}); a command that only reads never "
+            "creates one. Check --db, or create the journal with `flowx migrate --db ...`"
+        )

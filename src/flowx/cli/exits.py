@@ -8,7 +8,8 @@ Exit codes are part of the interface, so scripts can branch without parsing mess
   ``--input``, ``--input-file`` or ``--payload`` that is not UTF-8 JSON FlowX can read or
   store; a signal the flow never waits for, a payload of the wrong shape, a flow ``--flows``
   does not carry);
-* 3 — not found: no such instance, or no such flow among ``--flows``;
+* 3 — not found: no such instance, no such flow among ``--flows``, or (for a command that
+  only reads) no journal where ``--db`` points;
 * 4 — illegal state: the instance is in the wrong state for what was asked (a signal to an
   instance that has ended, a replay of one that is not stopped where ``--from`` says).
 
@@ -20,6 +21,7 @@ and keeps its traceback.
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 from collections.abc import Coroutine, Mapping
 from typing import Any, Final, NoReturn, TypeVar
@@ -33,6 +35,7 @@ from flowx.errors import (
     FlowXError,
     IllegalState,
     InstanceNotFound,
+    JournalNotFound,
     RequestInvalid,
 )
 from flowx.stores.errors import InstanceFinished, UnknownInstance
@@ -50,6 +53,7 @@ EXIT_ILLEGAL_STATE: Final = 4
 #: other FlowX error exits ``EXIT_ERROR``.
 EXIT_CODES: Final[Mapping[type[FlowXError], int]] = {
     InstanceNotFound: EXIT_NOT_FOUND,
+    JournalNotFound: EXIT_NOT_FOUND,
     UnknownInstance: EXIT_NOT_FOUND,
     FlowNotFound: EXIT_NOT_FOUND,
     DeadLetterNotFound: EXIT_NOT_FOUND,
@@ -72,11 +76,19 @@ def exit_code(exc: FlowXError) -> int:
 
 
 def fail(exc: FlowXError) -> NoReturn:
-    """Print ``exc`` as one line on stderr and exit with its code."""
+    """Print ``exc`` as one line on stderr and exit with its code. A command run with
+    ``-o json`` also writes it on stdout as ``{"error": {"code", "message", "exit"}}``, so a
+    script reads every outcome of the command from one place in one format."""
     # A message may quote what was given, lone surrogates included: escape them, or
     # printing the error would itself fail with a UnicodeEncodeError.
-    click.echo(f"error: {codec.printable(str(exc))}", err=True)
-    sys.exit(exit_code(exc))
+    message = codec.printable(str(exc))
+    code = exit_code(exc)
+    context = click.get_current_context(silent=True)
+    if context is not None and context.params.get("output") == "json":
+        doc = {"error": {"code": exc.code, "message": message, "exit": code}}
+        click.echo(json.dumps(doc, sort_keys=True))
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:

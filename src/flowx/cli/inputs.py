@@ -154,3 +154,23 @@ def cursor(before: str) -> tuple[datetime, str]:
             f"{before!r}: {stamp} is outside the dates a journal holds", param_hint="--before"
         ) from exc
     return moment, instance_id
+
+
+def moment(text: str, option: str) -> datetime:
+    """An ISO 8601 timestamp given to ``option`` (``--since``, ``--until``); one without a
+    zone is UTC, the zone every store writes."""
+    try:
+        found = datetime.fromisoformat(text)
+    except ValueError:
+        raise click.BadParameter(
+            f"{text!r} is not an ISO 8601 timestamp (e.g. 2026-12-01T00:00:00Z)",
+            param_hint=option,
+        ) from None
+    if found.tzinfo is None:
+        found = found.replace(tzinfo=UTC)
+    try:
+        return found.astimezone(UTC)
+    except OverflowError as exc:
+        raise click.BadParameter(
+            f"{text!r} is outside the dates a journal holds", param_hint=option
+        ) from exc

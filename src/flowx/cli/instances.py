@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -18,8 +19,10 @@ from flowx.cli.render import (
     parent_dict,
     show_text,
     step_dict,
+    table,
     waiting_dict,
 )
+from flowx.cli.results import await_end, print_result
 from flowx.engine.waiting import waiting_for
 from flowx.errors import FlowXError, InputUnstorable, InstanceNotFound, SerialisationError
 from flowx.hosting.host import FlowHost
@@ -68,6 +71,13 @@ def _refuse_unstartable(plan: Plan, value: object) -> None:
 @click.option(
     "--idempotency-key", default=None, help="A repeated key returns the instance it started first."
 )
+@click.option(
+    "--wait",
+    type=click.FloatRange(0, 86_400),
+    default=None,
+    metavar="SECONDS",
+    help="Then wait up to this long for a worker to finish it, and print what it ended with.",
+)
 def start(
     flow_id: str,
     db: str,
@@ -78,11 +88,14 @@ def start(
     input_json: str | None,
     input_file: Path | None,
     idempotency_key: str | None,
+    wait: float | None,
 ) -> None:
     """Start an instance, left Pending for any worker to run.
 
     The command only journals the instance and exits; a ``flowx worker`` carrying the flow
-    picks it up, so starting never depends on this process staying alive.
+    picks it up, so starting never depends on this process staying alive. With --wait it
+    then waits for the instance to end and prints what it ended with, as ``flowx result``
+    does (exit 1 if it did not complete, 4 if it had not ended in time).
     """
     try:
         payload, value = inputs.input_text(input_json, input_file)
@@ -108,6 +121,9 @@ def start(
             await stores.close()  # idempotent; covers an open() that failed half-way
 
     instance_id, created = run(main())
+    if wait is not None:
+        print_result(run(await_end(db, instance_id, wait)), output)
+        return
     if output == "json":
         emit_json({"instance_id": instance_id, "created": created})
         return
@@ -121,57 +137,117 @@ def start(
         )
 
 
+def _filters(fn: Any) -> Any:
+    """The instance filters ``flowx list`` and ``flowx count`` share."""
+    for option in reversed(
+        [
+            click.option("--flow", "flow_id", default=None, help="Only instances of this flow id."),
+            click.option(
+                "--state",
+                type=click.Choice([s.value for s in InstanceState], case_sensitive=False),
+                default=None,
+                help="Only instances in this state.",
+            ),
+            click.option("--version", "flow_version", default=None, help="Only this flow version."),
+            click.option("--tenant", default=None, help="Only this tenant's instances."),
+            click.option("--parent", default=None, help="Only the sub-flows of this instance."),
+            click.option("--since", default=None, help="Created at or after (ISO 8601, UTC)."),
+            click.option("--until", default=None, help="Created before (ISO 8601, UTC)."),
+        ]
+    ):
+        fn = option(fn)
+    return fn
+
+
+def _query(
+    flow_id: str | None,
+    state: str | None,
+    flow_version: str | None,
+    tenant: str | None,
+    parent: str | None,
+    since: str | None,
+    until: str | None,
+    **page: Any,
+) -> InstanceQuery:
+    return InstanceQuery(
+        flow_id=flow_id,
+        state=InstanceState(next(s for s in InstanceState if s.value.lower() == state.lower()))
+        if state
+        else None,
+        flow_version=flow_version,
+        tenant_id=tenant,
+        parent_id=parent,
+        since=inputs.moment(since, "--since") if since else None,
+        until=inputs.moment(until, "--until") if until else None,
+        **page,
+    )
+
+
 @click.command(name="list")
 @db_option
 @output_option
-@click.option("--flow", "flow_id", default=None, help="Only instances of this flow id.")
-@click.option(
-    "--state",
-    type=click.Choice([s.value for s in InstanceState], case_sensitive=False),
-    default=None,
-    help="Only instances in this state.",
-)
+@_filters
 @click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
 @click.option(
     "--before",
     default=None,
     metavar="CREATED_AT,ID",
-    help="Keyset cursor printed at the end of the previous page.",
+    help="Keyset cursor: the 'more:' line of the previous page (\"next\" in -o json).",
 )
-def list_(
-    db: str, output: str, flow_id: str | None, state: str | None, limit: int, before: str | None
-) -> None:
+def list_(db: str, output: str, limit: int, before: str | None, **filters: Any) -> None:
     """List instances, newest first.
 
     Paged by keyset (created_at, instance id) rather than offset, so a page is stable while
-    new instances keep arriving at the top.
+    new instances keep arriving at the top. With -o json: {"instances": [...], "next":
+    cursor or null}.
     """
     cursor = inputs.cursor(before) if before else None
-    query = InstanceQuery(
-        limit=limit,
-        flow_id=flow_id,
-        state=InstanceState(state) if state else None,
-        before=cursor,
-    )
+    query = _query(**filters, limit=limit, before=cursor)
 
     async def main() -> list[InstanceRecord]:
-        async with open_stores(db) as stores:
+        async with open_stores(db, create=False) as stores:
             return list(await stores.catalog.list_instances(query))
 
     rows = run(main())
     docs = [instance_dict(r) for r in rows]
+    # A full page may or may not be the last; the cursor is exact (microseconds), unlike the
+    # seconds shown in the table.
+    more = (
+        f"{rows[-1].created_at.isoformat()},{rows[-1].instance_id}" if len(rows) == limit else None
+    )
     if output == "json":
-        emit_json(docs)
+        emit_json({"instances": docs, "next": more})
         return
     if not rows:
         click.echo("no instances" + (" before that cursor" if cursor else ""))
         return
     click.echo(instances_text(docs))
-    if len(rows) == limit:
-        # A full page may or may not be the last; the cursor is exact (microseconds), unlike
-        # the seconds shown in the table.
-        last = rows[-1]
-        click.echo(f"more: --before {last.created_at.isoformat()},{last.instance_id}", err=True)
+    if more is not None:
+        click.echo(f"more: --before {more}", err=True)
+
+
+@click.command()
+@db_option
+@output_option
+@_filters
+@click.option("--by", type=click.Choice(["state", "flow"]), default="state", show_default=True)
+def count(db: str, output: str, by: str, **filters: Any) -> None:
+    """Count instances by state or by flow, under the same filters as list."""
+    query = _query(**filters)
+
+    async def main() -> dict[str, int]:
+        async with open_stores(db, create=False) as stores:
+            return await stores.catalog.count_instances(query, by=by)
+
+    counts = run(main())
+    if output == "json":
+        emit_json({"by": by, "counts": counts, "total": sum(counts.values())})
+        return
+    if not counts:
+        click.echo("no instances")
+        return
+    click.echo(table([by, "instances"], sorted(counts.items())))
+    click.echo(f"{sum(counts.values())} in all", err=True)
 
 
 @click.command()
@@ -194,7 +270,7 @@ def show(instance_id: str, db: str, output: str, flows: tuple[str, ...]) -> None
     plans = plans_or_fail(flows) if flows else []
 
     async def main() -> tuple[InstanceRecord, list[StepRecord]]:
-        async with open_stores(db) as stores:
+        async with open_stores(db, create=False) as stores:
             record = await stores.journal.get(instance_id)
             if record is None:
                 raise InstanceNotFound(instance_id)

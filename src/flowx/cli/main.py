@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from flowx.cli.app import cli
 from flowx.cli.db import migrate
-from flowx.cli.instances import list_, show, start
+from flowx.cli.instances import count, list_, show, start
 from flowx.cli.outbox import outbox
+from flowx.cli.results import result
 from flowx.cli.retention import retention
 from flowx.cli.signals import replay, signal
 from flowx.cli.stops import cancel, terminate
@@ -24,7 +25,9 @@ for _command in (
     worker,
     start,
     list_,
+    count,
     show,
+    result,
     signal,
     replay,
     cancel,

@@ -25,7 +25,7 @@ def dead_letters(db: str, output: str, limit: int) -> None:
     """List events a broker refused for good, oldest first, with the broker's reason."""
 
     async def main() -> tuple[int, list[EventRecord]]:
-        async with open_stores(db) as stores:
+        async with open_stores(db, create=False) as stores:
             return await stores.outbox.pending_count(), list(
                 await stores.outbox.dead_letters(limit=limit)
             )

@@ -50,7 +50,7 @@ def show(db: str, output: str) -> None:
     Terminated); Suspended instances are never swept."""
 
     async def main() -> list[RetentionPolicy]:
-        async with open_stores(db) as stores:
+        async with open_stores(db, create=False) as stores:
             return list(await stores.retention.policies())
 
     policies = run(main())

@@ -106,6 +106,13 @@ class InstanceQuery:
     flow_id: str | None = None
     state: InstanceState | None = None
     before: tuple[datetime, str] | None = None
+    flow_version: str | None = None
+    tenant_id: str | None = None
+    #: Only the sub-flow children of this instance.
+    parent_id: str | None = None
+    #: Only instances created at or after ``since`` and before ``until``.
+    since: datetime | None = None
+    until: datetime | None = None
 
 
 @runtime_checkable
@@ -114,6 +121,11 @@ class InstanceCatalog(Protocol):
 
     async def list_instances(self, query: InstanceQuery) -> Sequence[InstanceRecord]:
         """One page of instances, newest first."""
+        ...
+
+    async def count_instances(self, query: InstanceQuery, *, by: str) -> dict[str, int]:
+        """How many instances match ``query`` (its filters; not its page), by ``state`` or
+        by ``flow`` (``flow_id``)."""
         ...
 
 

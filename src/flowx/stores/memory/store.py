@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from datetime import datetime, timedelta
 
 from flowx.clock import or_process_now
+from flowx.stores.catalog import matches
 from flowx.stores.errors import (
     DuplicateStep,
     LeaseLost,
@@ -292,12 +294,19 @@ class MemoryCatalog:
         rows = [
             r
             for r in self._d.instances.values()
-            if (query.flow_id is None or r.flow_id == query.flow_id)
-            and (query.state is None or r.state is query.state)
+            if matches(r, query)
             and (query.before is None or (r.created_at, r.instance_id) < query.before)
         ]
         rows.sort(key=lambda r: (r.created_at, r.instance_id), reverse=True)
         return rows[: query.limit]
+
+    async def count_instances(self, query: InstanceQuery, *, by: str) -> dict[str, int]:
+        found = Counter(
+            r.state.value if by == "state" else r.flow_id
+            for r in self._d.instances.values()
+            if matches(r, query)
+        )
+        return dict(sorted(found.items()))
 
 
 class MemoryOutbox:

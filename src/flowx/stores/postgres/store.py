@@ -6,6 +6,7 @@ commit, the hot path, lives in ``commit.py``.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any, Final, LiteralString
@@ -153,14 +154,41 @@ FIND_QUEUED: Final[LiteralString] = (
     "WHERE state = 'Pending' ORDER BY updated_at, instance_id LIMIT %s OFFSET %s"
 )
 # flow_instance_created_idx, read backwards.
-LIST_INSTANCES: Final[LiteralString] = (
-    "SELECT " + INSTANCE_COLUMNS + " FROM flow_instance "
-    "WHERE (%(flow_id)s::text IS NULL OR flow_id = %(flow_id)s) "
+# Every filter of InstanceQuery; an unset one is NULL and drops out. Not a hot path: an
+# operator's list, served newest first by flow_instance_created_idx.
+_FILTERS: Final[LiteralString] = (
+    "(%(flow_id)s::text IS NULL OR flow_id = %(flow_id)s) "
     "AND (%(state)s::text IS NULL OR state = %(state)s) "
-    "AND (%(before_at)s::timestamptz IS NULL OR (created_at, instance_id) < "
+    "AND (%(flow_version)s::text IS NULL OR flow_version = %(flow_version)s) "
+    "AND (%(tenant_id)s::text IS NULL OR tenant_id = %(tenant_id)s) "
+    "AND (%(parent_id)s::uuid IS NULL OR parent_instance_id = %(parent_id)s::uuid) "
+    "AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s) "
+    "AND (%(until)s::timestamptz IS NULL OR created_at < %(until)s) "
+)
+LIST_INSTANCES: Final[LiteralString] = (
+    "SELECT " + INSTANCE_COLUMNS + " FROM flow_instance WHERE " + _FILTERS + "AND "
+    "(%(before_at)s::timestamptz IS NULL OR (created_at, instance_id) < "
     "(%(before_at)s, %(before_id)s::uuid)) "
     "ORDER BY created_at DESC, instance_id DESC LIMIT %(limit)s"
 )
+COUNT_BY_STATE: Final[LiteralString] = (
+    "SELECT state, count(*) FROM flow_instance WHERE " + _FILTERS + "GROUP BY 1 ORDER BY 1"
+)
+COUNT_BY_FLOW: Final[LiteralString] = (
+    "SELECT flow_id, count(*) FROM flow_instance WHERE " + _FILTERS + "GROUP BY 1 ORDER BY 1"
+)
+
+
+def _filter_params(query: InstanceQuery) -> dict[str, Any]:
+    return {
+        "flow_id": query.flow_id,
+        "state": query.state.value if query.state else None,
+        "flow_version": query.flow_version,
+        "tenant_id": query.tenant_id,
+        "parent_id": query.parent_id,
+        "since": query.since,
+        "until": query.until,
+    }
 
 
 def create_params(instance: NewInstance, token: int, now: datetime | None) -> dict[str, Any]:
@@ -366,9 +394,10 @@ class PostgresCatalog:
         self._db = db
 
     async def list_instances(self, query: InstanceQuery) -> Sequence[InstanceRecord]:
+        if query.parent_id is not None and not _is_uuid(query.parent_id):
+            return ()
         params = {
-            "flow_id": query.flow_id,
-            "state": query.state.value if query.state else None,
+            **_filter_params(query),
             "before_at": query.before[0] if query.before else None,
             "before_id": query.before[1] if query.before else None,
             "limit": query.limit,
@@ -377,6 +406,22 @@ class PostgresCatalog:
             cur = conn.cursor(row_factory=dict_row)
             rows = await (await cur.execute(LIST_INSTANCES, params)).fetchall()
         return tuple(instance_of(r) for r in rows)
+
+    async def count_instances(self, query: InstanceQuery, *, by: str) -> dict[str, int]:
+        if query.parent_id is not None and not _is_uuid(query.parent_id):
+            return {}
+        statement = COUNT_BY_STATE if by == "state" else COUNT_BY_FLOW
+        async with self._db.connection() as conn:
+            rows = await (await conn.execute(statement, _filter_params(query))).fetchall()
+        return {str(r[0]): int(r[1]) for r in rows}
+
+
+def _is_uuid(text: str) -> bool:
+    try:
+        uuid.UUID(text)
+    except ValueError:
+        return False
+    return True
 
 
 class PostgresStores:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from flowx.clock import or_process_now
+from flowx.stores.catalog import COUNT_BY, where
 from flowx.stores.columns import (
     ACTIVE_STATES_SQL,
     CANDIDATE_COLUMNS,
@@ -389,22 +390,33 @@ class SqliteCatalog:
         self._db = db
 
     async def list_instances(self, query: InstanceQuery) -> Sequence[InstanceRecord]:
+        conditions, params = where(query, lambda name: f":{name}", to_text)
+        if query.before is not None:
+            conditions.append("(created_at, instance_id) < (:before_at, :before_id)")
+            params.update(before_at=to_text(query.before[0]), before_id=query.before[1])
+        sql = (
+            f"SELECT {INSTANCE_COLUMNS} FROM flow_instance WHERE "
+            f"{' AND '.join(conditions) or '1 = 1'} "
+            "ORDER BY created_at DESC, instance_id DESC LIMIT :limit"
+        )
+
         def q(conn: sqlite3.Connection) -> Sequence[InstanceRecord]:
-            where, args = ["1 = 1"], []
-            if query.flow_id is not None:
-                where.append("flow_id = ?")
-                args.append(query.flow_id)
-            if query.state is not None:
-                where.append("state = ?")
-                args.append(query.state.value)
-            if query.before is not None:
-                where.append("(created_at, instance_id) < (?, ?)")
-                args.extend([to_text(query.before[0]), query.before[1]])
-            sql = (
-                f"SELECT {INSTANCE_COLUMNS} FROM flow_instance WHERE {' AND '.join(where)} "
-                "ORDER BY created_at DESC, instance_id DESC LIMIT ?"
+            return tuple(
+                instance_row(r) for r in conn.execute(sql, {**params, "limit": query.limit})
             )
-            return tuple(instance_row(r) for r in conn.execute(sql, (*args, query.limit)))
+
+        return await self._db.run(q)
+
+    async def count_instances(self, query: InstanceQuery, *, by: str) -> dict[str, int]:
+        conditions, params = where(query, lambda name: f":{name}", to_text)
+        column = COUNT_BY[by]
+        sql = (
+            f"SELECT {column}, count(*) FROM flow_instance WHERE "
+            f"{' AND '.join(conditions) or '1 = 1'} GROUP BY 1 ORDER BY 1"
+        )
+
+        def q(conn: sqlite3.Connection) -> dict[str, int]:
+            return {str(r[0]): int(r[1]) for r in conn.execute(sql, params)}
 
         return await self._db.run(q)
 

@@ -13,6 +13,7 @@ A store's tests subclass each suite and provide one fixture, ``stores``, yieldin
 A protocol change extends these suites in the same commit.
 """
 
+from flowx.testing.conformance.catalog import InstanceCatalogConformance
 from flowx.testing.conformance.journal import JournalConformance
 from flowx.testing.conformance.leases import LeaseStoreConformance
 from flowx.testing.conformance.outbox import ChangeFeedConformance, OutboxConformance
@@ -23,6 +24,7 @@ from flowx.testing.conformance.waits import WaitStoreConformance
 
 __all__ = [
     "ChangeFeedConformance",
+    "InstanceCatalogConformance",
     "JournalConformance",
     "LeaseStoreConformance",
     "OutboxConformance",
