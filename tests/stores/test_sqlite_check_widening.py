@@ -1,4 +1,4 @@
-"""Migration 0008 on SQLite: the state CHECK widened in place (R7.4, R9.4).
+"""Migrations 0008 and 0010 on SQLite: the state CHECK widened in place (R7.4, R9.4).
 
 SQLite cannot alter a constraint, so the migration edits the table's definition, which
 changes no stored byte. These tests hold it to what an expand step promises: every old row
@@ -16,6 +16,9 @@ import pytest
 
 from flowx.stores.sqlite import SqliteStores
 from flowx.stores.sqlite.database import APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION, _statements
+
+#: The schema before 0008, the first migration that widens the state CHECK.
+BEFORE_WIDENING = 7
 
 OLD_STATES = (
     "Pending",
@@ -67,7 +70,7 @@ async def test_the_widened_check_keeps_old_rows_and_the_old_release_writing(
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "flowx.db"
-    journal_at(path, SCHEMA_VERSION - 1)
+    journal_at(path, BEFORE_WIDENING)
     old_node = sqlite3.connect(path, isolation_level=None)
     insert(old_node, "before", "Running")  # its schema is cached from here on
 
@@ -87,6 +90,7 @@ async def test_the_widened_check_keeps_old_rows_and_the_old_release_writing(
     insert(old_node, "after", "Completed")
     insert(old_node, "cancelled", "Cancelled")
     insert(old_node, "terminated", "Terminated")
+    insert(old_node, "quarantined", "Quarantined")  # 0010 widened it again
     with pytest.raises(sqlite3.IntegrityError, match="CHECK constraint failed"):
         insert(old_node, "bogus", "Bogus")
     assert old_node.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
@@ -98,7 +102,7 @@ async def test_an_edit_that_finds_another_definition_changes_nothing(tmp_path: P
     # A journal whose state list was written on one line: 0008's edit cannot find it.
     journal_at(
         path,
-        SCHEMA_VERSION - 1,
+        BEFORE_WIDENING,
         edit=(
             "'Suspended',\n                           'Compensating'",
             "'Suspended', 'Compensating'",
@@ -110,7 +114,7 @@ async def test_an_edit_that_finds_another_definition_changes_nothing(tmp_path: P
     await stores.close()
     conn = sqlite3.connect(path)
     versions = [r[0] for r in conn.execute("SELECT version FROM flowx_schema_migrations")]
-    assert versions == list(range(1, SCHEMA_VERSION))
+    assert versions == list(range(1, BEFORE_WIDENING + 1))
     columns = {r[1] for r in conn.execute("PRAGMA table_info(flow_instance)")}
     assert "stop_request" not in columns  # the column added before the edit is gone too
     with pytest.raises(sqlite3.IntegrityError):

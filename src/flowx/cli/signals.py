@@ -102,7 +102,7 @@ def signal(
 
 def _replay_ok(mode: str, state: InstanceState) -> bool:
     """Whether a replay that ended in ``state`` did what it was for."""
-    if state is InstanceState.COMPENSATION_FAILED:
+    if state in (InstanceState.COMPENSATION_FAILED, InstanceState.QUARANTINED):
         return False
     # Forward, Failed again means the step still fails; compensating, Failed is the goal.
     return not (mode == "forward" and state in (InstanceState.FAILED, InstanceState.TIMED_OUT))
@@ -141,7 +141,9 @@ def replay(
     """Re-run a failed instance once its fault is fixed, never rewriting its history.
 
     CompensationFailed: the compensations still owed re-run, from the one that ran out.
-    Failed with no compensation begun: the failed step re-runs and the flow goes on. Every
+    Failed with no compensation begun: the failed step re-runs and the flow goes on.
+    Quarantined (its journal did not match its plan): it resumes where it stopped, once
+    --flows carries the code it was started with. Every
     try is a new attempt row. Exits 4 when the instance cannot be replayed (or --from is not
     where it stopped: the message names the right step), 3 if there is no such instance, and
     1 when a --wait replay ends CompensationFailed again or, forward, Failed again.

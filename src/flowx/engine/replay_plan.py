@@ -10,6 +10,9 @@ replayable, because only for them is "run it again" unambiguous:
 * ``Failed`` with no compensation begun: the failed step is run again with a fresh budget,
   and the flow goes on from there. (Once a compensation has run, the effects are being
   undone; re-running forward would redo half of them — start a new instance instead.)
+* ``Quarantined`` (its journal did not match its plan): it resumes from where it stopped,
+  once the code it was started with runs again. Nothing failed, so nothing re-runs that
+  had finished.
 """
 
 from __future__ import annotations
@@ -21,10 +24,10 @@ from typing import Literal
 from flowx.engine.history import journal_order
 from flowx.engine.saga import compensable, compensation_order
 from flowx.errors import IllegalState
-from flowx.plan.model import Plan, StepNode, SubFlowNode, walk
+from flowx.plan.model import Node, Plan, StepNode, SubFlowNode, walk
 from flowx.stores.records import InstanceRecord, InstanceState, Outcome, StepRecord
 
-ReplayMode = Literal["compensation", "forward"]
+ReplayMode = Literal["compensation", "forward", "resume"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -121,7 +124,32 @@ def plan_replay(
             scope=last.scope,
             reruns=tuple(after),
         )
+    if record.state is InstanceState.QUARANTINED:
+        return _resume(plan, record, steps, wanted)
     raise _illegal(
-        f"instance {record.instance_id} is {record.state.value}; only CompensationFailed and "
-        "Failed instances can be replayed"
+        f"instance {record.instance_id} is {record.state.value}; only CompensationFailed, "
+        "Failed and Quarantined instances can be replayed"
+    )
+
+
+def _resume(
+    plan: Plan, record: InstanceRecord, steps: Sequence[StepRecord], wanted: Node
+) -> ReplayPlan:
+    """A quarantined instance resumes at its frontier: the first step with no success."""
+    ran = {r.step_id for r in steps if r.outcome is Outcome.SUCCESS}
+    left = [n for n in walk(plan.body) if n.step_id not in ran]
+    frontier = left[0] if left else plan.body[-1]
+    if wanted.step_id != frontier.step_id:
+        raise _illegal(
+            f"instance {record.instance_id} stopped before step {frontier.name!r}; replay "
+            f"--from {frontier.name!r}"
+        )
+    return ReplayPlan(
+        instance_id=record.instance_id,
+        state=record.state,
+        mode="resume",
+        step=frontier.name,
+        step_id=frontier.step_id,
+        scope="",
+        reruns=tuple(n.name for n in left),
     )

@@ -27,6 +27,7 @@ from flowx.hosting.context import NodeContext
 from flowx.hosting.creation import child_instance
 from flowx.hosting.lease import DurableLease
 from flowx.hosting.outcomes import after_run, hand_back
+from flowx.hosting.quarantine import quarantine
 from flowx.hosting.ports import DurableCommitter, DurableWaits, EphemeralCommitter
 from flowx.hosting.recovery import RecoveryService, ResumeVerdict
 from flowx.hosting.settling import renew_late, reopen
@@ -52,6 +53,7 @@ from flowx.stores.records import (
 )
 
 log = logging.getLogger("flowx.host")
+QUARANTINED = InstanceState.QUARANTINED
 
 #: How long a cancelled run gets to unwind (release its lease) once the drain budget is spent.
 CANCEL_GRACE = 1.0
@@ -172,8 +174,8 @@ class InstanceRunner:
         ctx = self._ctx
         stores = ctx.require_stores()
         record = await stores.journal.get(instance_id)
-        if record is None or record.state.terminal:
-            return "gone"
+        if record is None or record.state.terminal or record.state is QUARANTINED:
+            return "gone"  # ended, or set aside until a replay puts it back
         if not ctx.plans.carries(record.flow_id, record.flow_version):
             return "not_runnable"
         plan = ctx.plans.plan(record.flow_id, record.flow_version)
@@ -460,7 +462,7 @@ class InstanceRunner:
             await asyncio.sleep(0)
             return result
         except NonDeterminismError as exc:
-            log.error("instance %s cannot be resumed on this node: %s", iid, exc)
+            await quarantine(self._ctx, lease, record, exc)
         except JournalUnavailable as exc:
             # A failed commit may have committed, and it could not be re-read here under the
             # lease: released below, so recovery (here or on a peer) re-opens the instance

@@ -9,12 +9,13 @@ reached stops:
 * running on another node: that node reads the request at its next lease renewal
   (``StopBoard.poll``, one read per renewal round for every instance it runs) and does the
   same; a node that dies first leaves it to recovery, which reads it when it re-opens;
-* not running (``Pending``, or ``Suspended`` and so made ``Pending`` by the request): this
-  node runs it if it carries the flow, and the run stops at its first boundary, compensating
-  what had finished. If it does not carry the flow, it still ends the instance itself when
-  no compensation can be owed — a terminate, or a cancel of an instance with no finished
-  step — under a lease, fenced like any write. Otherwise the instance stays ``Pending`` for
-  a worker that carries the flow, and the answer says so.
+* not running (``Pending``, or ``Suspended`` or ``Quarantined`` and so made ``Pending`` by
+  the request): a terminate is ended here, under a lease, fenced like any write — it owes no
+  compensation, so no flow code runs (a quarantined instance's code may not even match it).
+  A cancel is run here if this node carries the flow, and the run stops at its first
+  boundary, compensating what had finished; if it does not, the node still ends it when no
+  compensation can be owed (no finished step). Otherwise the instance stays ``Pending`` for a
+  worker that carries the flow, and the answer says so.
 """
 
 from __future__ import annotations
@@ -137,7 +138,10 @@ async def _carry_out(ctx: NodeContext, runner: Runner, stores: Stores, instance_
     record = await stores.journal.get(instance_id)
     if record is None or record.state.terminal:
         return True
-    if ctx.accepting and ctx.plans.carries(record.flow_id, record.flow_version):
+    terminate = record.stop_request is not None and (
+        StopRequest.loads(record.stop_request).mode == "terminate"
+    )
+    if not terminate and ctx.accepting and ctx.plans.carries(record.flow_id, record.flow_version):
         verdict = await runner.resume(instance_id, queued=True)
         return verdict != "not_runnable"
     if _owes_compensation(record, await stores.journal.steps(instance_id)):

@@ -28,6 +28,9 @@ class InstanceState(StrEnum):
     CANCELLED = "Cancelled"
     #: Stopped by an operator (R9.4) with no compensation.
     TERMINATED = "Terminated"
+    #: Set aside: its journal no longer matches its plan (the plan changed under the same
+    #: version). Not ended and not run by recovery; ``flowx replay`` puts it back.
+    QUARANTINED = "Quarantined"
 
     @property
     def terminal(self) -> bool:

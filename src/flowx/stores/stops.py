@@ -52,8 +52,12 @@ def targets(root: str, tree: Mapping[str, TreeRow], request: StopRequest) -> tup
 
 def woken(state: InstanceState) -> InstanceState:
     """The state a request leaves an instance in: a Suspended one becomes Pending, so a node
-    takes it and stops it at once instead of at its timer; the rest keep theirs."""
-    return InstanceState.PENDING if state is InstanceState.SUSPENDED else state
+    takes it and stops it at once instead of at its timer, and so does a Quarantined one (a
+    terminate ends it without its code; a cancel waits for the code that can compensate it);
+    the rest keep theirs."""
+    if state in (InstanceState.SUSPENDED, InstanceState.QUARANTINED):
+        return InstanceState.PENDING
+    return state
 
 
 def receipt(

@@ -23,12 +23,12 @@ TREE: Final = (
     "SELECT f.instance_id, f.state, f.stop_request FROM flow_instance f "
     "JOIN tree USING (instance_id)"
 )
-# A Suspended instance becomes Pending (a node stops it at once); the others keep their
+# A Suspended or Quarantined instance becomes Pending (a node stops it at once); the others keep their
 # state and their updated_at, so the recovery scan's idle clock is not reset.
 KEEP: Final = (
     "UPDATE flow_instance SET stop_request = :request, "
-    "updated_at = CASE WHEN state = 'Suspended' THEN :now ELSE updated_at END, "
-    "state = CASE WHEN state = 'Suspended' THEN 'Pending' ELSE state END, "
+    "updated_at = CASE WHEN state IN ('Suspended', 'Quarantined') THEN :now ELSE updated_at END, "
+    "state = CASE WHEN state IN ('Suspended', 'Quarantined') THEN 'Pending' ELSE state END, "
     "version = version + 1 WHERE instance_id = :instance_id"
 )
 # The journaled record of the request; its key (the mode) makes a repeat write nothing.
