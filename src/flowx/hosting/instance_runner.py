@@ -27,8 +27,8 @@ from flowx.hosting.context import NodeContext
 from flowx.hosting.creation import child_instance
 from flowx.hosting.lease import DurableLease
 from flowx.hosting.outcomes import after_run, hand_back
-from flowx.hosting.quarantine import quarantine
 from flowx.hosting.ports import DurableCommitter, DurableWaits, EphemeralCommitter
+from flowx.hosting.quarantine import quarantine
 from flowx.hosting.recovery import RecoveryService, ResumeVerdict
 from flowx.hosting.settling import renew_late, reopen
 from flowx.hosting.threads import RunThreads

@@ -204,6 +204,7 @@ class LeaseKeeper:
         #: Called after each renewal round with the instances renewed: the node reads their
         #: stop requests then (R9.4), one read a round, however many it runs.
         self.on_round: Callable[[Sequence[str]], Awaitable[None]] | None = None
+        self._poll: asyncio.Task[None] | None = None
 
     @property
     def stall_after(self) -> float:
@@ -240,6 +241,11 @@ class LeaseKeeper:
 
     async def stop(self) -> None:
         self._running = False
+        if self._poll is not None:
+            self._poll.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poll
+            self._poll = None
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
@@ -301,9 +307,20 @@ class LeaseKeeper:
                 held._renewed(lease, sent)
                 kept.append(held.instance_id)
                 count += 1
-        if kept and self.on_round is not None:
-            try:
-                await self.on_round(kept)
-            except FlowXError as exc:  # a stop request is read again next round
-                log.warning("stop requests not read this round: %s", exc)
+        if kept and self.on_round is not None and (self._poll is None or self._poll.done()):
+            # Its own task: a read queued behind slow writes (a slow disk) must never hold
+            # up the next renewal round. One at a time; a round that finds one still
+            # running skips it.
+            self._poll = asyncio.get_running_loop().create_task(
+                self._read_round(self.on_round, kept), name="flowx-stop-poll"
+            )
         return count
+
+    @staticmethod
+    async def _read_round(
+        on_round: Callable[[Sequence[str]], Awaitable[None]], kept: list[str]
+    ) -> None:
+        try:
+            await on_round(kept)
+        except FlowXError as exc:  # a stop request is read again next round
+            log.warning("stop requests not read this round: %s", exc)

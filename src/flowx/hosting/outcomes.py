@@ -47,23 +47,47 @@ async def after_run(
             )
     elif result.outcome == "timed_out":
         DEADLINE_EXCEEDED.inc(plan.flow_id)
-    elif result.outcome in ("cancelled", "terminated") and result.error is not None:
-        error = result.error
-        log.info(
-            "instance %s of %s %s by %s at step %r: %s",
-            record.instance_id,
-            plan.ref,
-            result.outcome,
-            error.get("by"),
-            error.get("step"),
-            error.get("reason"),
-        )
+    if result.outcome in ENDED_BADLY:
+        log_outcome(plan, record, result)
     parent = record.parent_instance_id
     if wake is not None and result.final_state is not None and parent is not None:
         # The child's last commit already made the parent Pending (durably); resuming it
         # here only saves the wait for a recovery sweep. Its own task: this lease is
         # released first.
         wake(parent)
+
+
+#: Outcomes an operator hears of: one log line each, with the facts as fields.
+ENDED_BADLY = frozenset({"failed", "timed_out", "compensation_failed", "cancelled", "terminated"})
+
+
+def log_outcome(plan: Plan, record: InstanceRecord, result: RunResult) -> None:
+    """One line for an instance that ended other than completed: flow, version, instance,
+    step, error code (and who, for a cancel or terminate). ``--log-format json`` carries each
+    as a field of its own."""
+    error = result.error or {}
+    fields = {
+        "flow": plan.flow_id,
+        "version": plan.version,
+        "instance": record.instance_id,
+        "outcome": result.outcome,
+        "step": error.get("step"),
+        "error_code": error.get("code"),
+    }
+    who = f" by {error.get('by')}" if error.get("by") else ""
+    log.log(
+        logging.INFO if result.outcome in ("cancelled", "terminated") else logging.WARNING,
+        "instance %s of %s@%s ended %s%s at step %r (%s): %s",
+        record.instance_id,
+        plan.flow_id,
+        plan.version,
+        result.outcome,
+        who,
+        error.get("step"),
+        error.get("code"),
+        error.get("reason") or error.get("message"),
+        extra=fields,
+    )
 
 
 async def hand_back(execution: Execution, instance_id: str, timeout: float) -> None:

@@ -75,6 +75,17 @@ class RecoveryScanResult:
     #: Every free slot was used: more work may be waiting right now.
     full: bool = False
 
+    def sentence(self) -> str:
+        """What the sweep did, for a log line a person reads."""
+        parts = [f"resumed {self.resumed} of {self.found} found ({self.queued} queued)"]
+        if self.lost_race:
+            parts.append(f"{self.lost_race} taken by another node first")
+        if self.not_runnable:
+            parts.append(f"{self.not_runnable} of a flow version this node does not carry")
+        if self.upcoming:
+            parts.append(f"{self.upcoming} idle but not yet due")
+        return "; ".join(parts)
+
 
 @dataclass(frozen=True, slots=True)
 class _QueuedPass:
@@ -350,7 +361,7 @@ class RecoveryService:
             try:
                 result = await self.run_once()
                 if result.resumed:
-                    log.info("recovery scan: %s", result)
+                    log.info("recovery scan: %s", result.sentence())
             except FlowXError as exc:
                 result = None
                 log.warning("recovery scan failed (%s); next scan as scheduled", exc)

@@ -20,6 +20,7 @@ delete each instance once; at worst a page is archived twice.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -69,6 +70,8 @@ class SweepReport:
 
     @property
     def held(self) -> int:
+        """How many expired instances were kept, whatever the reason: what to look into
+        when a journal does not shrink as its policies say it should."""
         return sum(self.held_back.values())
 
 
@@ -203,11 +206,10 @@ class RetentionService:
         interval = self._ctx.settings.retention_sweep_interval.total_seconds()
         while not stop.is_set():
             wait = interval * (1 + random.uniform(-0.1, 0.1))
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=wait)
-                return
-            except TimeoutError:
-                pass
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):  # no task of its own while it waits
+                    await stop.wait()
+                    return
             await _logged(self.sweep_once(stop=stop))
 
 

@@ -16,6 +16,7 @@ import json
 import logging
 import sys
 from collections.abc import Iterable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -83,29 +84,56 @@ def load_flows(specs: Iterable[str]) -> list[Plan]:
     return plans
 
 
+#: What every ``LogRecord`` carries; anything else on a record came in ``extra=`` and is a
+#: field of its own in JSON.
+_STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message"}
+#: The libraries whose lines go through the same handler and format as FlowX's own.
+LIBRARY_LOGGERS = ("psycopg", "redis", "aio_pika", "aiormq", "nats")
+
+
+def _iso(record: logging.LogRecord) -> str:
+    """The record's time as ISO 8601 in UTC, to the millisecond."""
+    return datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds")
+
+
+class _TextFormatter(logging.Formatter):
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        return _iso(record)
+
+
 class _JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        entry = {
-            "ts": self.formatTime(record),
+        entry: dict[str, Any] = {
+            "ts": _iso(record),
             "level": record.levelname,
             "logger": record.name,
             "message": record.getMessage(),
         }
+        for key, value in vars(record).items():
+            if key not in _STANDARD and not key.startswith("_"):
+                entry[key] = value
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
-        return json.dumps(entry)
+        return json.dumps(entry, default=str)
 
 
 def configure_logging(fmt: str, level: str) -> None:
-    """Only the worker configures logging; importing flowx never does."""
+    """Only the worker configures logging; importing flowx never does. FlowX's lines and the
+    libraries' it drives (the psycopg pool's, the brokers') share one handler, one format
+    and ISO 8601 UTC timestamps; the libraries at WARNING unless the level is lower."""
     handler = logging.StreamHandler()
     if fmt == "json":
         handler.setFormatter(_JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(_TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger("flowx")
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    for name in LIBRARY_LOGGERS:
+        library = logging.getLogger(name)
+        library.handlers[:] = [handler]
+        library.propagate = False
+        library.setLevel(min(logging.WARNING, logging.getLevelName(level.upper())))
 
 
 async def serve(
@@ -143,6 +171,19 @@ async def serve(
     stop = asyncio.Event()
     Signals(stop).install(asyncio.get_running_loop())
     await host.open()
+    if not host.ready:
+        log.info("worker %s waiting for the journal before it is ready", host.node_id)
+    # Ready means the stores answer: a worker that came up while its journal is down reports
+    # ready only once it has connected (it reconnects in the background meanwhile).
+    ready_wait = asyncio.ensure_future(host.wait_ready())
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({ready_wait, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    ready_wait.cancel()
+    stopping.cancel()
+    if stop.is_set():
+        log.info("worker %s stopped before it was ready", host.node_id)
+        await host.drain()
+        return 0
     log.info(
         "worker %s ready on %s carrying %s",
         host.node_id,
@@ -160,6 +201,8 @@ async def serve(
             ) from exc
     await stop.wait()
     log.info("worker %s draining (%d in flight)", host.node_id, host.in_flight)
+    if ready_file is not None:
+        ready_file.unlink(missing_ok=True)  # noqa: ASYNC240 - not ready any more, at once
     await host.drain()
     if host.stuck_threads:
         log.warning(

@@ -127,6 +127,12 @@ class OutboxPublisher:
                         event.partition_key,
                         event.attempts + 1,
                         failure.reason,
+                        extra={
+                            "instance": event.instance_id,
+                            "event": event.event_id,
+                            "event_type": event.type,
+                            "outcome": "dead_letter",
+                        },
                     )
         self.published += acknowledged
         self.dead_lettered += dead

@@ -70,6 +70,14 @@ class JournalNoAnswer(JournalUnavailable):
     code = "store.journal_no_answer"
 
 
+class StoreMisconfigured(StoreError):
+    """The server answered, and said the configuration is wrong: a database or role that does
+    not exist, a password it refuses. Retrying cannot help, so a node stops with this
+    instead of reconnecting for ever."""
+
+    code = "store.misconfigured"
+
+
 class LeaseUnavailable(StoreError):
     """The lease store cannot be reached. Retryable; no new durable work starts meanwhile."""
 

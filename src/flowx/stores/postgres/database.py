@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import socket
 import time
 from collections.abc import AsyncIterator
@@ -37,6 +38,7 @@ from flowx.stores.errors import (
     NotAFlowXStore,
     SchemaNotMigrated,
     SchemaTooNew,
+    StoreMisconfigured,
 )
 from flowx.urls import check_schema
 from flowx.urls import redact as redact_url
@@ -50,6 +52,26 @@ _MIGRATION_LOCK = 0x464C5758
 def redact(dsn: str) -> str:
     """A DSN fit for a log line: no password (``user:pw@``, ``://:pw@``, ``password=``)."""
     return redact_url(dsn)
+
+
+#: What a server says at connect time when the configuration, not the network, is wrong.
+_MISCONFIGURED = re.compile(
+    r'(database|role) "[^"]*" does not exist|password authentication failed|'
+    r"no pg_hba\.conf entry"
+)
+
+
+def misconfigured(dsn: str, exc: BaseException) -> StoreMisconfigured | None:
+    """``StoreMisconfigured`` if the server refused the connection for its configuration."""
+    found = _MISCONFIGURED.search(str(exc))
+    if found is None:
+        return None
+    error = StoreMisconfigured(
+        f"PostgreSQL at {redact(dsn)} refused the connection: {found.group(0)}. Fix the URL "
+        "(--db / FLOWX_DATABASE_URL) or create it; retrying will not help"
+    )
+    error.__cause__ = exc
+    return error
 
 
 def unavailable(dsn: str, exc: BaseException) -> JournalUnavailable:
@@ -254,7 +276,8 @@ class PostgresDatabase:
             await self.pool.open(wait=True, timeout=self._connect_timeout)
         except (PoolTimeout, psycopg.OperationalError) as exc:
             await self.pool.close()
-            raise unavailable(self.dsn, await self._why_not(exc)) from exc
+            reason = await self._why_not(exc)
+            raise misconfigured(self.dsn, reason) or unavailable(self.dsn, reason) from exc
         try:
             await self._check_and_migrate(migrate)
         except BaseException:

@@ -28,13 +28,15 @@ SELECT f.instance_id::text, f.state, f.stop_request FROM flow_instance f
  WHERE f.instance_id IN (SELECT instance_id FROM tree)
  ORDER BY f.instance_id FOR UPDATE OF f
 """
-# A Suspended or Quarantined instance becomes Pending (a node stops it at once); the others keep their
-# state and their updated_at, so the recovery scan's idle clock is not reset. The inbox row
-# is the journaled record of the request; its key (the mode) makes a repeat write nothing.
+# A Suspended or Quarantined instance becomes Pending (a node stops it at once); the
+# others keep their state and their updated_at, so the recovery scan's idle clock is not
+# reset. The inbox row is the journaled record of the request; its key (the mode) makes a
+# repeat write nothing.
 KEEP: Final[LiteralString] = """
 WITH kept AS (
     UPDATE flow_instance SET stop_request = %(request)s::json,
-           updated_at = CASE WHEN state IN ('Suspended', 'Quarantined') THEN %(now)s ELSE updated_at END,
+           updated_at = CASE WHEN state IN ('Suspended', 'Quarantined') THEN %(now)s
+                        ELSE updated_at END,
            state = CASE WHEN state IN ('Suspended', 'Quarantined') THEN 'Pending' ELSE state END,
            version = version + 1
      WHERE instance_id = ANY (%(ids)b::uuid[])

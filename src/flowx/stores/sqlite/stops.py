@@ -23,8 +23,8 @@ TREE: Final = (
     "SELECT f.instance_id, f.state, f.stop_request FROM flow_instance f "
     "JOIN tree USING (instance_id)"
 )
-# A Suspended or Quarantined instance becomes Pending (a node stops it at once); the others keep their
-# state and their updated_at, so the recovery scan's idle clock is not reset.
+# A Suspended or Quarantined instance becomes Pending (a node stops it at once); the
+# others keep their state and their updated_at, so the recovery scan's idle clock is not reset.
 KEEP: Final = (
     "UPDATE flow_instance SET stop_request = :request, "
     "updated_at = CASE WHEN state IN ('Suspended', 'Quarantined') THEN :now ELSE updated_at END, "
