@@ -1,5 +1,6 @@
-"""Durations as users write them: ``"30s"``, ``"1h"``, ``"2d"``, ``"500ms"``, a number of
-seconds, or a ``timedelta``.
+"""Durations as users write them: ``"30s"``, ``"1h"``, ``"2d"``, ``"500ms"``, ``"1h30m"``
+(units largest first, each once), a number of seconds (``90`` or ``"90"``), or a
+``timedelta``.
 
 Every duration is bounded: at most ``MAX_DURATION`` (100 years), never negative, never NaN
 or infinite. Without the bound a typo (``--lease-ttl 99999999999d``) would surface as an
@@ -9,13 +10,31 @@ running flow; with it the setting is named at the door.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from datetime import timedelta
 from typing import Final
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_PATTERN = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*")
+_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)")
+_COMPOUND = re.compile(r"\s*(?:\d+(?:\.\d+)?\s*(?:ms|s|m|h|d)\s*)+")
+_SECONDS = re.compile(r"\s*\d+(?:\.\d+)?\s*")
+
+
+def _text_seconds(value: str, what: str) -> float:
+    """Seconds in ``value``: a plain number, or unit parts largest first (``1h30m``)."""
+    if _SECONDS.fullmatch(value):
+        return float(value)
+    parts = _PART.findall(value) if _COMPOUND.fullmatch(value) else []
+    sizes = [_UNITS[unit] for _, unit in parts]
+    if not parts or any(a <= b for a, b in itertools.pairwise(sizes)):
+        raise ValueError(
+            f"{what} {_shown(value)} is not a duration; "
+            "write e.g. '500ms', '30s', '90', '5m', '1h30m', '2d'"
+        )
+    return sum(float(number) * _UNITS[unit] for number, unit in parts)
+
 
 #: The longest duration FlowX accepts anywhere: 36,500 days (about 100 years). Far beyond any
 #: real timeout, and far enough below ``datetime.max`` that ``now + duration`` cannot overflow.
@@ -36,13 +55,7 @@ def parse_duration(value: DurationLike, *, what: str = "duration") -> timedelta:
         except OverflowError:  # an int too large for a float
             seconds = math.inf
     elif isinstance(value, str):
-        match = _PATTERN.fullmatch(value)
-        if match is None:
-            raise ValueError(
-                f"{what} {_shown(value)} is not a duration; "
-                "write e.g. '500ms', '30s', '5m', '1h', '2d'"
-            )
-        seconds = float(match[1]) * _UNITS[match[2]]
+        seconds = _text_seconds(value, what)
     else:
         raise ValueError(f"{what} must be a str, a number of seconds or a timedelta")
     if not math.isfinite(seconds) and not (isinstance(value, int) and seconds > 0):

@@ -189,6 +189,12 @@ class RequestInvalid(FlowXError):
     code = "flowx.request_invalid"
 
 
+class FlowsInvalid(RequestInvalid):
+    """``--flows`` does not name plans that can be loaded: a usage error (exit 2)."""
+
+    code = "worker.bad_flows"
+
+
 class SignalUnknown(RequestInvalid):
     """A signal name the flow never waits for: it could never be taken, so it is not kept."""
 

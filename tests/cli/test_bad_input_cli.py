@@ -257,9 +257,10 @@ def test_a_bad_publisher_url_stops_the_worker_with_one_line(db: str, url: str, s
 @pytest.mark.parametrize(
     ("args", "code", "says"),
     [
-        (("start", "x", "--flows", "os:path"), 1, "is a module, not a plan"),
-        (("start", "x", "--flows", "tests.cli.unstorable_flows:Reading"), 1, "is the class"),
-        (("start", "x", "--flows", "..:x"), 1, "must be module:attribute"),
+        # A bad --flows is a usage error (exit 2), as every malformed argument is.
+        (("start", "x", "--flows", "os:path"), 2, "is a module, not a plan"),
+        (("start", "x", "--flows", "tests.cli.unstorable_flows:Reading"), 2, "is the class"),
+        (("start", "x", "--flows", "..:x"), 2, "must be module:attribute"),
         (("list", "--before", "0001-01-01T00:00:00+14:00,x"), 2, "outside the dates"),
         (("list", "--before", "9999-12-31T23:59:59-14:00,x"), 2, "outside the dates"),
         (("replay", "--instance", "x", "--from", "\u00b2", "--flows", FLOWS_REF), 3, "no flow"),

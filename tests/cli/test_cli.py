@@ -122,7 +122,7 @@ def test_an_ephemeral_flow_is_refused_rather_than_run_and_forgotten(db: str) -> 
 
 def test_an_unimportable_flows_module_is_explained(db: str) -> None:
     code, _, err = invoke("start", "cli.greeting", "--db", db, "--flows", "no.such.module:FLOWS")
-    assert code == 1
+    assert code == 2  # a usage error
     assert "cannot import 'no.such.module'" in err
     assert "Traceback" not in err
 

@@ -177,3 +177,17 @@ def test_a_plan_duration_out_of_range_is_FLOWX1009() -> None:
 
 def test_the_new_codes_are_documented() -> None:
     assert "FLOWX1026" in CODES and "FLOWX1027" in CODES
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("90", 90), ("90s", 90), ("1h30m", 5400), ("1h 30m", 5400), ("2d4h", 187_200), ("1.5h", 5400)],
+)
+def test_a_duration_may_be_bare_seconds_or_units_largest_first(text: str, seconds: int) -> None:
+    assert parse_duration(text, what="sleep").total_seconds() == seconds
+
+
+@pytest.mark.parametrize("text", ["30m1h", "1h1h", "1h30", "h", "1 h m", "nan", "-5s"])
+def test_a_duration_in_any_other_order_or_shape_is_refused(text: str) -> None:
+    with pytest.raises(ValueError, match="sleep"):
+        parse_duration(text, what="sleep")

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from flowx.errors import FlowXError
+from flowx.errors import FlowsInvalid, FlowXError
 from flowx.hosting.host import FlowHost
 from flowx.hosting.settings import HostSettings
 from flowx.hosting.shutdown import Signals, arm_exit_watchdog
@@ -39,48 +39,37 @@ def load_flows(specs: Iterable[str]) -> list[Plan]:
     for spec in specs:
         module_name, _, attr = spec.partition(":")
         if not module_name or not attr or module_name.startswith("."):
-            raise FlowXError(
-                f"--flows {spec!r} must be module:attribute, e.g. myapp.flows:FLOWS",
-                code="worker.bad_flows",
-            )
+            raise FlowsInvalid(f"--flows {spec!r} must be module:attribute, e.g. myapp.flows:FLOWS")
         if str(Path.cwd()) not in sys.path:
             sys.path.insert(0, str(Path.cwd()))
         try:
             module = importlib.import_module(module_name)
         except ImportError as exc:
-            raise FlowXError(
-                f"cannot import {module_name!r} for --flows: {exc}", code="worker.bad_flows"
-            ) from exc
+            raise FlowsInvalid(f"cannot import {module_name!r} for --flows: {exc}") from exc
         try:
             value: Any = getattr(module, attr)
         except AttributeError as exc:
-            raise FlowXError(
-                f"{module_name} has no attribute {attr!r} for --flows", code="worker.bad_flows"
-            ) from exc
+            raise FlowsInvalid(f"{module_name} has no attribute {attr!r} for --flows") from exc
         if isinstance(value, type):  # a model or a class: calling it builds no plan
-            raise FlowXError(
+            raise FlowsInvalid(
                 f"{spec} is the class {value.__name__}, not a plan, a list of plans or a "
-                "function returning them",
-                code="worker.bad_flows",
+                "function returning them"
             )
         if callable(value) and not isinstance(value, Plan):
             value = value()
         try:
             found = [value] if isinstance(value, Plan) else list(value)
         except TypeError as exc:  # a module, a number: not an iterable of plans
-            raise FlowXError(
+            raise FlowsInvalid(
                 f"{spec} is a {type(value).__name__}, not a plan, a list of plans or a "
-                "function returning them",
-                code="worker.bad_flows",
+                "function returning them"
             ) from exc
         for plan in found:
             if not isinstance(plan, Plan):
-                raise FlowXError(
-                    f"{spec} yielded {plan!r}, which is not a built plan", code="worker.bad_flows"
-                )
+                raise FlowsInvalid(f"{spec} yielded {plan!r}, which is not a built plan")
         plans.extend(found)
     if not plans:
-        raise FlowXError("--flows named no plans", code="worker.bad_flows")
+        raise FlowsInvalid("--flows named no plans")
     return plans
 
 
