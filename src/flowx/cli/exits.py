@@ -7,11 +7,12 @@ Exit codes are part of the interface, so scripts can branch without parsing mess
 * 2 — a usage error (click's own: unknown option, bad ``--before`` cursor, ...; an argument,
   ``--input``, ``--input-file`` or ``--payload`` that is not UTF-8 JSON FlowX can read or
   store; a signal the flow never waits for, a payload of the wrong shape, a flow ``--flows``
-  does not carry);
+  does not carry, a ``--flows`` that cannot be loaded, a cancel without a reason);
 * 3 — not found: no such instance, no such flow among ``--flows``, or (for a command that
   only reads) no journal where ``--db`` points;
 * 4 — illegal state: the instance is in the wrong state for what was asked (a signal to an
-  instance that has ended, a replay of one that is not stopped where ``--from`` says).
+  instance that has ended, a replay of one that is not stopped where ``--from`` says, a cancel
+  of one that completed, a ``result`` of one that has not ended).
 
 Every FlowX error is printed as one ``error: ...`` line on stderr saying what to do, never as a
 traceback: an operator at a terminal needs the fix, not the call stack. Anything else is a bug
