@@ -16,6 +16,7 @@ import pytest
 import flowx
 from flowx.hosting.stores import from_url
 from flowx.outbox.urls import publisher_from_url
+from flowx.stores.errors import StoreMisconfigured
 from flowx.urls import BadURL, redact
 
 PG = "postgresql://postgres@127.0.0.1:5432/test"
@@ -234,16 +235,18 @@ def test_a_malformed_keyword_dsn_is_bad_url_without_any_of_its_secret(dsn: str) 
 
 
 def test_a_database_the_server_does_not_have_is_named_in_the_error() -> None:
-    """The pool's ``PoolTimeout`` hid the server's answer; the error now carries it."""
+    """The pool's ``PoolTimeout`` hid the server's answer; the error now carries it, and it
+    is a configuration error (retrying cannot create the database), not "unavailable"."""
 
     async def main() -> None:
         stores = from_url("postgresql://postgres@127.0.0.1:5432/flowx_no_such_db")
         try:
-            with pytest.raises(flowx.JournalUnavailable) as caught:
+            with pytest.raises(StoreMisconfigured) as caught:
                 await stores.open()
         finally:
             await stores.close()
         assert 'database "flowx_no_such_db" does not exist' in str(caught.value)
         assert "\n" not in str(caught.value)
+        assert not isinstance(caught.value, flowx.JournalUnavailable)
 
     asyncio.run(main())

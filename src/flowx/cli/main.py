@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from flowx.cli.app import cli
 from flowx.cli.db import migrate
+from flowx.cli.doctor import doctor
 from flowx.cli.instances import count, list_, show, start
 from flowx.cli.outbox import outbox
 from flowx.cli.results import result
@@ -34,6 +35,7 @@ for _command in (
     terminate,
     retention,
     migrate,
+    doctor,
     outbox,
 ):
     cli.add_command(_command)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -14,11 +15,23 @@ from flowx.hosting.settings import HostSettings
 from flowx.hosting.worker import configure_logging, load_flows, serve
 
 
+def settings_options(fn: Any) -> Any:
+    """One flag per ``HostSettings`` field (``--lease-ttl``, ``--no-recovery`` ...): every
+    setting can be given on the command line, over ``FLOWX_*`` and ``[tool.flowx]``."""
+    for name, field in reversed(list(HostSettings.model_fields.items())):
+        flag = name.replace("_", "-")
+        also = f"(also FLOWX_{name.upper()} or [tool.flowx] {name})"
+        if field.annotation is bool:
+            fn = click.option(f"--{flag}/--no-{flag}", name, default=None, help=also)(fn)
+        else:
+            fn = click.option(f"--{flag}", name, default=None, help=also)(fn)
+    return fn
+
+
 @click.command()
 @db_option
 @leases_option
 @flows_option
-@click.option("--node-id", default=None, help="Name of this node in leases and logs.")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text")
 @click.option(
     "--log-level",
@@ -32,13 +45,6 @@ from flowx.hosting.worker import configure_logging, load_flows, serve
     default=None,
     help="Write the node id here once the worker is ready (for supervisors and tests).",
 )
-@click.option("--lease-ttl", default=None, help="e.g. 30s (also FLOWX_LEASE_TTL).")
-@click.option(
-    "--recovery-scan-interval", default=None, help="e.g. 10s (also FLOWX_RECOVERY_SCAN_INTERVAL)."
-)
-@click.option(
-    "--shutdown-drain-timeout", default=None, help="e.g. 30s (also FLOWX_SHUTDOWN_DRAIN_TIMEOUT)."
-)
 @click.option(
     "--publish",
     "publish_url",
@@ -47,29 +53,26 @@ from flowx.hosting.worker import configure_logging, load_flows, serve
     help="Drain the outbox to this broker: redis://…, amqp://… or nats://… (comma-separated "
     "for several); also FLOWX_PUBLISH_URL. Any number of workers may publish at once.",
 )
+@settings_options
 def worker(
     db: str,
     leases: str | None,
     flows: tuple[str, ...],
-    node_id: str | None,
     log_format: str,
     log_level: str,
     ready_file: Path | None,
-    lease_ttl: str | None,
-    recovery_scan_interval: str | None,
-    shutdown_drain_timeout: str | None,
     publish_url: str | None,
+    **given: Any,
 ) -> None:
-    """Run a node: execute instances, renew leases, recover, drain on SIGTERM."""
+    """Run a node: execute instances, renew leases, recover, drain on SIGTERM.
+
+    Every setting is also a flag (below), over FLOWX_* variables and [tool.flowx] in
+    pyproject.toml; `flowx doctor` prints what they resolve to."""
     # Logging first, so every line the node logs — from importing --flows on — is already in
     # the format and at the level the supervisor collects.
     configure_logging(log_format, log_level)
     try:
-        settings = HostSettings.load(
-            lease_ttl=lease_ttl,
-            recovery_scan_interval=recovery_scan_interval,
-            shutdown_drain_timeout=shutdown_drain_timeout,
-        )
+        settings = HostSettings.load(**given)
         plans = load_flows(flows)
     except FlowXError as exc:
         fail(exc)
@@ -79,7 +82,6 @@ def worker(
             leases_url=leases,
             plans=plans,
             settings=settings,
-            node_id=node_id,
             ready_file=ready_file,
             publish_url=publish_url,
             exit_watchdog=True,

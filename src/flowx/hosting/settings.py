@@ -1,18 +1,25 @@
 """Host settings, validated when the host starts rather than on the first request (R3.6).
 
-Precedence: constructor arguments > ``FLOWX_*`` environment variables > defaults. None of
-these is a safety setting — what stops a paused node from corrupting an instance is the fencing
-token, which no value here weakens — but bad values make recovery slow or noisy, so they are
-refused early with the reason.
+One settings model (pydantic-settings), for every setting the same precedence: arguments
+(``FlowHost(settings=...)``, a ``flowx worker`` flag) > ``FLOWX_<NAME>`` environment
+variables > ``[tool.flowx]`` in the ``pyproject.toml`` of the working directory > defaults.
+None of these is a safety setting — what stops a paused node from corrupting an instance is
+the fencing token, which no value here weakens — but bad values make recovery slow or noisy,
+so they are refused early with the reason and where the value came from.
 """
 
 from __future__ import annotations
 
-import os
 from datetime import timedelta
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+from pydantic import ValidationError, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    PyprojectTomlConfigSettingsSource,
+    SettingsConfigDict,
+)
 
 from flowx.durations import parse_duration
 from flowx.errors import SettingsError
@@ -29,10 +36,29 @@ _DURATIONS = (
 )
 
 
-class HostSettings(BaseModel):
-    """Every tunable of a node. Durations accept ``"30s"``, seconds, or a ``timedelta``."""
+class HostSettings(BaseSettings):
+    """Every tunable of a node. Durations accept ``"30s"``, ``"1h30m"``, seconds, or a
+    ``timedelta``."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = SettingsConfigDict(
+        frozen=True,
+        extra="forbid",
+        env_prefix="FLOWX_",
+        pyproject_toml_table_header=("tool", "flowx"),
+    )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Arguments, then ``FLOWX_*``, then ``[tool.flowx]`` in ``./pyproject.toml``; no
+        dotenv or secrets directory (not asked for, so not read)."""
+        return (init_settings, env_settings, PyprojectTomlConfigSettingsSource(settings_cls))
 
     lease_ttl: timedelta = timedelta(seconds=30)
     #: ``None`` means a third of the TTL (R3.2).
@@ -170,21 +196,24 @@ class HostSettings(BaseModel):
 
     @classmethod
     def load(cls, **overrides: Any) -> HostSettings:
-        """Build from ``FLOWX_<NAME>`` environment variables, then ``overrides``.
+        """Build from ``overrides`` (``None`` values ignored), then ``FLOWX_<NAME>``
+        environment variables, then ``[tool.flowx]`` in ``pyproject.toml``, then defaults.
 
-        Raises ``SettingsError`` naming each bad setting and where it came from.
+        Raises ``SettingsError`` naming each bad setting and where to fix it.
         """
-        values: dict[str, Any] = {}
-        for name in cls.model_fields:
-            env = os.environ.get(f"FLOWX_{name.upper()}")
-            if env is not None and env != "":
-                values[name] = env
-        values.update({k: v for k, v in overrides.items() if v is not None})
+        given = {k: v for k, v in overrides.items() if v is not None}
         try:
-            return cls.model_validate(values)
+            return cls(**given)
         except ValidationError as exc:
             found = problems(exc, root="settings", field_label=False)
             raise SettingsError(
-                f"invalid FlowX host settings ({found}); fix the argument or the "
-                "FLOWX_* environment variable"
+                f"invalid FlowX host settings ({found}); fix the argument, the FLOWX_* "
+                "environment variable or [tool.flowx] in pyproject.toml"
             ) from exc
+
+    def resolved(self) -> dict[str, Any]:
+        """Every setting with its value, durations as seconds: what ``flowx doctor`` prints."""
+        out: dict[str, Any] = {}
+        for name, value in self.model_dump().items():
+            out[name] = value.total_seconds() if isinstance(value, timedelta) else value
+        return out

@@ -10,11 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from flowx.stores.columns import TERMINAL_STATES_SQL
 from flowx.stores.protocols import InstanceQuery
 from flowx.stores.records import InstanceRecord
 
 #: How ``flowx count`` groups: a column per choice.
-COUNT_BY = {"state": "state", "flow": "flow_id"}
+COUNT_BY = {"state": "state", "flow": "flow_id", "version": "flow_id || '@' || flow_version"}
 
 
 def matches(record: InstanceRecord, query: InstanceQuery) -> bool:
@@ -27,6 +28,7 @@ def matches(record: InstanceRecord, query: InstanceQuery) -> bool:
         and (query.parent_id is None or record.parent_instance_id == query.parent_id)
         and (query.since is None or record.created_at >= query.since)
         and (query.until is None or record.created_at < query.until)
+        and not (query.unfinished and record.state.terminal)
     )
 
 
@@ -54,4 +56,6 @@ def where(
     if query.until is not None:
         conditions.append(f"created_at < {mark('until')}")
         params["until"] = moment(query.until)
+    if query.unfinished:
+        conditions.append(f"state NOT IN {TERMINAL_STATES_SQL}")
     return conditions, params

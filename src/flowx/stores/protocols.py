@@ -113,6 +113,8 @@ class InstanceQuery:
     #: Only instances created at or after ``since`` and before ``until``.
     since: datetime | None = None
     until: datetime | None = None
+    #: Only instances that have not ended.
+    unfinished: bool = False
 
 
 @runtime_checkable
@@ -124,8 +126,8 @@ class InstanceCatalog(Protocol):
         ...
 
     async def count_instances(self, query: InstanceQuery, *, by: str) -> dict[str, int]:
-        """How many instances match ``query`` (its filters; not its page), by ``state`` or
-        by ``flow`` (``flow_id``)."""
+        """How many instances match ``query`` (its filters; not its page), by ``state``, by
+        ``flow`` (``flow_id``) or by ``version`` (``flow_id@flow_version``)."""
         ...
 
 

@@ -302,7 +302,11 @@ class MemoryCatalog:
 
     async def count_instances(self, query: InstanceQuery, *, by: str) -> dict[str, int]:
         found = Counter(
-            r.state.value if by == "state" else r.flow_id
+            r.state.value
+            if by == "state"
+            else r.flow_id
+            if by == "flow"
+            else f"{r.flow_id}@{r.flow_version}"
             for r in self._d.instances.values()
             if matches(r, query)
         )

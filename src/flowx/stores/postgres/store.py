@@ -19,6 +19,7 @@ from flowx.stores.columns import (
     CREATE_COLUMNS,
     INSTANCE_COLUMNS,
     STEP_COLUMNS,
+    TERMINAL_STATES_SQL,
     instance_of,
     step_of,
 )
@@ -164,6 +165,7 @@ _FILTERS: Final[LiteralString] = (
     "AND (%(parent_id)s::uuid IS NULL OR parent_instance_id = %(parent_id)s::uuid) "
     "AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s) "
     "AND (%(until)s::timestamptz IS NULL OR created_at < %(until)s) "
+    "AND (NOT %(unfinished)s OR state NOT IN " + TERMINAL_STATES_SQL + ") "
 )
 LIST_INSTANCES: Final[LiteralString] = (
     "SELECT " + INSTANCE_COLUMNS + " FROM flow_instance WHERE " + _FILTERS + "AND "
@@ -177,6 +179,11 @@ COUNT_BY_STATE: Final[LiteralString] = (
 COUNT_BY_FLOW: Final[LiteralString] = (
     "SELECT flow_id, count(*) FROM flow_instance WHERE " + _FILTERS + "GROUP BY 1 ORDER BY 1"
 )
+COUNT_BY_VERSION: Final[LiteralString] = (
+    "SELECT flow_id || '@' || flow_version, count(*) FROM flow_instance WHERE "
+    + _FILTERS
+    + "GROUP BY 1 ORDER BY 1"
+)
 
 
 def _filter_params(query: InstanceQuery) -> dict[str, Any]:
@@ -188,6 +195,7 @@ def _filter_params(query: InstanceQuery) -> dict[str, Any]:
         "parent_id": query.parent_id,
         "since": query.since,
         "until": query.until,
+        "unfinished": query.unfinished,
     }
 
 
@@ -410,7 +418,7 @@ class PostgresCatalog:
     async def count_instances(self, query: InstanceQuery, *, by: str) -> dict[str, int]:
         if query.parent_id is not None and not _is_uuid(query.parent_id):
             return {}
-        statement = COUNT_BY_STATE if by == "state" else COUNT_BY_FLOW
+        statement = {"state": COUNT_BY_STATE, "flow": COUNT_BY_FLOW}.get(by, COUNT_BY_VERSION)
         async with self._db.connection() as conn:
             rows = await (await conn.execute(statement, _filter_params(query))).fetchall()
         return {str(r[0]): int(r[1]) for r in rows}

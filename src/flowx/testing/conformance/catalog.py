@@ -60,3 +60,9 @@ class InstanceCatalogConformance:
             "Running": 2
         }
         assert await catalog.count_instances(InstanceQuery(flow_id="none"), by="flow") == {}
+        assert await catalog.count_instances(InstanceQuery(unfinished=True), by="version") == {
+            "f.a@1.0.0": 2,
+            "f.b@1.0.0": 2,
+        }
+        unfinished = await catalog.list_instances(InstanceQuery(unfinished=True))
+        assert ids[0] not in _ids(unfinished) and len(unfinished) == 4
