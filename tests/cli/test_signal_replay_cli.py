@@ -464,3 +464,23 @@ def test_show_names_a_childs_parent_and_a_parents_child_wait(db: str) -> None:
     data = json.loads(invoke("show", child, "--db", db, "-o", "json")[1])
     assert data["parent"] == {"instance_id": parent, "scope": "", "step_id": 1}
     assert data["instance"]["parent_instance_id"] == parent
+
+
+def test_show_lists_the_inbox_with_what_was_taken_and_the_staged_events(db: str) -> None:
+    iid = suspended(db)
+    code, _, err = flowx_(db, "signal", iid, "shipped", "--payload", SHIPPED, "--key", "k1")
+    assert code == 0, err
+    code, _, err = flowx_(db, "signal", iid, "late-note", "--payload", "{}")
+    assert code == 2  # the flow never waits for it: refused, not kept
+    work(db)  # takes the signal, notifies, completes
+    code, out, _ = invoke("show", iid, "--db", db, "-o", "json")
+    assert code == 0
+    doc = json.loads(out)
+    assert [(s["name"], s["key"], s["taken"]) for s in doc["signals"]] == [("shipped", "k1", True)]
+    assert doc["signals"][0]["payload"] == json.loads(SHIPPED)
+    assert doc["events"] == []  # the shipping flow emits nothing
+    code, out, _ = invoke("show", iid, "--db", db)
+    assert code == 0
+    signals = out.split("\nsignals\n", 1)[1].splitlines()
+    assert signals[0].split() == ["seq", "name", "key", "received_at", "taken"]
+    assert signals[2].split()[1:3] == ["shipped", "k1"] and signals[2].split()[-1] == "True"

@@ -16,10 +16,13 @@ from flowx.cli.render import (
     emit_json,
     instance_dict,
     instances_text,
+    outbox_dict,
     parent_dict,
     show_text,
+    signal_dict,
     step_dict,
     table,
+    taken_signals,
     waiting_dict,
 )
 from flowx.cli.results import await_end, print_result
@@ -31,7 +34,7 @@ from flowx.hosting.stores import from_url
 from flowx.hosting.worker import load_flows
 from flowx.plan.model import Plan
 from flowx.stores.protocols import InstanceQuery
-from flowx.stores.records import InstanceRecord, InstanceState, StepRecord
+from flowx.stores.records import ArchivedInstance, InstanceRecord, InstanceState, StepRecord
 
 
 def _refuse_unstartable(plan: Plan, value: object) -> None:
@@ -269,19 +272,26 @@ def show(instance_id: str, db: str, output: str, flows: tuple[str, ...]) -> None
     """
     plans = plans_or_fail(flows) if flows else []
 
-    async def main() -> tuple[InstanceRecord, list[StepRecord]]:
+    async def main() -> tuple[InstanceRecord, list[StepRecord], ArchivedInstance | None]:
         async with open_stores(db, create=False) as stores:
             record = await stores.journal.get(instance_id)
             if record is None:
                 raise InstanceNotFound(instance_id)
-            return record, list(await stores.journal.steps(instance_id))
+            steps = list(await stores.journal.steps(instance_id))
+            found = await stores.retention.contents([record.instance_id])
+            return record, steps, found[0] if found else None
 
-    record, steps = run(main())
+    record, steps, everything = run(main())
+    taken = taken_signals(steps)
     doc = {
         "instance": instance_dict(record),
         "steps": [step_dict(s) for s in steps],
         "waiting": waiting_dict(waiting_for(record, steps, plans)),
         "parent": parent_dict(record),
+        "signals": [
+            signal_dict(s, taken=s.seq in taken) for s in (everything.signals if everything else ())
+        ],
+        "events": [outbox_dict(e) for e in (everything.events if everything else ())],
     }
     if output == "json":
         emit_json(doc)

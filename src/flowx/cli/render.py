@@ -23,7 +23,14 @@ from flowx import codec
 from flowx.engine.replay_plan import ReplayPlan
 from flowx.engine.waiting import Waiting, WaitKind
 from flowx.hosting.stopping import StopOutcome
-from flowx.stores.records import EventRecord, InstanceRecord, SignalReceipt, StepRecord
+from flowx.stores.records import (
+    EventRecord,
+    InstanceRecord,
+    Outcome,
+    SignalReceipt,
+    SignalRecord,
+    StepRecord,
+)
 
 # -- primitives -------------------------------------------------------------------------------
 
@@ -123,6 +130,43 @@ def receipt_dict(r: SignalReceipt) -> dict[str, Any]:
         "seq": r.seq,
         "status": r.status,
         "state": r.state.value,
+    }
+
+
+def taken_signals(steps: Sequence[StepRecord]) -> set[int]:
+    """The inbox seqs a wait has taken: each is that wait's own step row (R2.10)."""
+    taken: set[int] = set()
+    for step in steps:
+        if step.outcome is not Outcome.SUCCESS or '"seq"' not in step.result:
+            continue
+        value = codec.loads(step.result)
+        if isinstance(value, dict) and isinstance(value.get("seq"), int):
+            taken.add(value["seq"])
+    return taken
+
+
+def signal_dict(s: SignalRecord, *, taken: bool) -> dict[str, Any]:
+    """A signal of the instance's inbox, and whether a wait has taken it."""
+    return {
+        "seq": s.seq,
+        "name": s.name,
+        "key": s.key,
+        "received_at": s.received_at.isoformat(),
+        "taken": taken,
+        "payload": payload(s.payload),
+    }
+
+
+def outbox_dict(e: EventRecord) -> dict[str, Any]:
+    """An event the instance staged, and where it is on its way out."""
+    return {
+        "event_id": e.event_id,
+        "type": e.type,
+        "partition_key": e.partition_key,
+        "staged_at": e.staged_at.isoformat() if e.staged_at else None,
+        "published_at": e.published_at.isoformat() if e.published_at else None,
+        "dead_at": e.dead_at.isoformat() if e.dead_at else None,
+        "attempts": e.attempts,
     }
 
 
@@ -299,7 +343,37 @@ def show_text(doc: dict[str, Any], record: InstanceRecord, steps: list[StepRecor
         )
         for s, raw in zip(doc["steps"], steps, strict=True)
     ]
-    return "\n".join([*lines, table(_STEP_COLUMNS, rows)])
+    lines += [table(_STEP_COLUMNS, rows)]
+    if doc.get("signals"):
+        lines += ["", "signals"]
+        lines.append(
+            table(
+                ["seq", "name", "key", "received_at", "taken"],
+                [
+                    (g["seq"], g["name"], g["key"] or "-", g["received_at"], g["taken"])
+                    for g in doc["signals"]
+                ],
+            )
+        )
+    if doc.get("events"):
+        lines += ["", "events"]
+        lines.append(
+            table(
+                ["event", "type", "key", "published_at", "attempts"],
+                [
+                    (
+                        e["event_id"],
+                        e["type"],
+                        e["partition_key"] or "-",
+                        e["published_at"]
+                        or ("dead " + e["dead_at"] if e["dead_at"] else "pending"),
+                        e["attempts"],
+                    )
+                    for e in doc["events"]
+                ],
+            )
+        )
+    return "\n".join(lines)
 
 
 _RECEIPT_MEANS = {
