@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -11,3 +12,29 @@ import pytest
 def db(tmp_path: Path) -> str:
     """The ``--db`` URL of a SQLite file no other test touches (created on first open)."""
     return f"sqlite:///{tmp_path / 'cli.db'}"
+
+
+@pytest.fixture(autouse=True)
+def _logging_restored() -> Iterator[None]:
+    """`flowx worker` run in-process configures the flowx and library loggers with a handler
+    on the runner's captured stream; put them back after each test, so no later test logs to
+    a stream that is gone."""
+    import logging
+
+    from flowx.hosting.worker import LIBRARY_LOGGERS
+
+    names = ("flowx", *LIBRARY_LOGGERS)
+    saved = {
+        n: (
+            list(logging.getLogger(n).handlers),
+            logging.getLogger(n).level,
+            logging.getLogger(n).propagate,
+        )
+        for n in names
+    }
+    yield
+    for name, (handlers, level, propagate) in saved.items():
+        logger = logging.getLogger(name)
+        logger.handlers[:] = handlers
+        logger.setLevel(level)
+        logger.propagate = propagate

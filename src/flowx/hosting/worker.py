@@ -122,7 +122,8 @@ def configure_logging(fmt: str, level: str) -> None:
         library = logging.getLogger(name)
         library.handlers[:] = [handler]
         library.propagate = False
-        library.setLevel(min(logging.WARNING, logging.getLevelName(level.upper())))
+        # A library's INFO is its internals (a pool filling up): WARNING, unless asked for DEBUG.
+        library.setLevel(logging.DEBUG if level.lower() == "debug" else logging.WARNING)
 
 
 async def serve(
