@@ -8,9 +8,17 @@ three rules everywhere, named here so every backend reports them in the same wor
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
 
 from flowx.stores.columns import TERMINAL_STATES_SQL
+from flowx.stores.records import (
+    ArchivedInstance,
+    EventRecord,
+    InstanceRecord,
+    SignalRecord,
+    StepRecord,
+)
 
 #: An event of the instance has not been published (dead letters included: an operator may
 #: still resend one).
@@ -44,3 +52,33 @@ def held_by_sql(unread: str) -> str:
 HELD_BY_SQL: Final = held_by_sql(
     "o.staged_seq > (SELECT min(c.last_staged_seq) FROM change_cursor c)"
 )
+
+
+def assemble(
+    asked: Sequence[str],
+    instances: Mapping[str, InstanceRecord],
+    steps: Iterable[StepRecord],
+    signals: Iterable[SignalRecord],
+    events: Iterable[EventRecord],
+) -> tuple[ArchivedInstance, ...]:
+    """The archive of each asked instance that exists, from rows read for all of them at
+    once (each list in the order it was read: sequence, arrival, staging)."""
+    by: dict[str, tuple[list[StepRecord], list[SignalRecord], list[EventRecord]]] = {
+        iid: ([], [], []) for iid in instances
+    }
+    for step in steps:
+        by[step.instance_id][0].append(step)
+    for signal in signals:
+        by[signal.instance_id][1].append(signal)
+    for event in events:
+        by[event.instance_id][2].append(event)
+    return tuple(
+        ArchivedInstance(
+            instance=instances[iid],
+            steps=tuple(by[iid][0]),
+            signals=tuple(by[iid][1]),
+            events=tuple(by[iid][2]),
+        )
+        for iid in asked
+        if iid in instances
+    )

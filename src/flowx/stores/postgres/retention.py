@@ -31,7 +31,7 @@ from flowx.stores.records import (
     InstanceState,
     RetentionPolicy,
 )
-from flowx.stores.retention import held_by_sql
+from flowx.stores.retention import assemble, held_by_sql
 
 #: A change cursor on PostgreSQL is a ``(staged_xid, staged_seq)`` pair: an event is unread
 #: while it is past the least of them.
@@ -156,19 +156,12 @@ class PostgresRetention:
             read = {}
             for name, query in CONTENTS.items():
                 read[name] = await (await cur.execute(query, {"ids": ids})).fetchall()
-        rows = {str(r["instance_id"]): instance_of(r) for r in read["instances"]}
-        steps = [step_of(r) for r in read["steps"]]
-        signals = [signal_of(r) for r in read["signals"]]
-        events = [event_of(r) for r in read["events"]]
-        return tuple(
-            ArchivedInstance(
-                instance=rows[iid],
-                steps=tuple(s for s in steps if s.instance_id == iid),
-                signals=tuple(s for s in signals if s.instance_id == iid),
-                events=tuple(e for e in events if e.instance_id == iid),
-            )
-            for iid in ids
-            if iid in rows
+        return assemble(
+            ids,
+            {str(r["instance_id"]): instance_of(r) for r in read["instances"]},
+            (step_of(r) for r in read["steps"]),
+            (signal_of(r) for r in read["signals"]),
+            (event_of(r) for r in read["events"]),
         )
 
     async def delete(self, expired: Sequence[ExpiredInstance]) -> int:

@@ -10,7 +10,7 @@ import json
 import sqlite3
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Final
+from typing import Any, Final
 
 from flowx.stores.columns import (
     EVENT_COLUMNS,
@@ -25,7 +25,7 @@ from flowx.stores.records import (
     InstanceState,
     RetentionPolicy,
 )
-from flowx.stores.retention import HELD_BY_SQL
+from flowx.stores.retention import HELD_BY_SQL, assemble
 from flowx.stores.sqlite.database import SqliteDatabase, from_text, to_text
 from flowx.stores.sqlite.rows import event_row, instance_row, signal_row, step_row
 
@@ -118,49 +118,19 @@ class SqliteRetention:
         ids = json.dumps(list(instance_ids))
 
         def q(conn: sqlite3.Connection) -> Sequence[ArchivedInstance]:
-            rows = {
-                r.instance_id: r
-                for r in map(
-                    instance_row,
-                    conn.execute(
-                        f"SELECT {INSTANCE_COLUMNS} FROM flow_instance WHERE instance_id {_IN_IDS}",
-                        (ids,),
-                    ),
-                )
-            }
-            steps = [
-                step_row(r)
-                for r in conn.execute(
-                    f"SELECT {STEP_COLUMNS} FROM flow_step WHERE instance_id {_IN_IDS} "
-                    "ORDER BY instance_id, sequence",
-                    (ids,),
-                )
-            ]
-            signals = [
-                signal_row(r)
-                for r in conn.execute(
-                    f"SELECT {SIGNAL_COLUMNS} FROM flow_signal WHERE instance_id {_IN_IDS} "
-                    "ORDER BY seq",
-                    (ids,),
-                )
-            ]
-            events = [
-                event_row(r)
-                for r in conn.execute(
-                    f"SELECT {EVENT_COLUMNS} FROM outbox_event o WHERE o.instance_id {_IN_IDS} "
-                    "ORDER BY o.staged_seq",
-                    (ids,),
-                )
-            ]
-            return tuple(
-                ArchivedInstance(
-                    instance=rows[iid],
-                    steps=tuple(s for s in steps if s.instance_id == iid),
-                    signals=tuple(s for s in signals if s.instance_id == iid),
-                    events=tuple(e for e in events if e.instance_id == iid),
-                )
-                for iid in instance_ids
-                if iid in rows
+            def read(columns: str, table: str, order: str) -> list[Any]:
+                sql = f"SELECT {columns} FROM {table} WHERE instance_id {_IN_IDS} ORDER BY {order}"
+                return list(conn.execute(sql, (ids,)))
+
+            return assemble(
+                instance_ids,
+                {
+                    r.instance_id: r
+                    for r in map(instance_row, read(INSTANCE_COLUMNS, "flow_instance", "rowid"))
+                },
+                map(step_row, read(STEP_COLUMNS, "flow_step", "instance_id, sequence")),
+                map(signal_row, read(SIGNAL_COLUMNS, "flow_signal", "seq")),
+                map(event_row, read(EVENT_COLUMNS, "outbox_event o", "o.staged_seq")),
             )
 
         return await self._db.run(q)
