@@ -104,6 +104,13 @@ class NonDeterminismError(FlowXError):
     code = "flow.nondeterminism"
 
 
+class CapabilityVersionMissing(NonDeterminismError):
+    """The journal pinned a capability version this node does not register (R2.6): the
+    instance is sound, this node cannot run it; a node that carries the version can."""
+
+    code = "flow.capability_version_missing"
+
+
 class IdempotencyConflict(FlowXError):
     """An idempotency key was reused for a different flow or a different input (R4.1)."""
 

@@ -330,3 +330,25 @@ async def test_an_instance_that_ended_otherwise_or_does_not_exist_is_refused(
     with pytest.raises(flowx.RequestInvalid, match="needs a reason"):
         await host.cancel(handle.instance_id, "   ")
     assert (await host.get(handle.instance_id)).state is InstanceState.COMPLETED
+
+
+async def test_a_terminate_ends_an_instance_whose_node_died_without_its_flow_s_code(
+    host_factory: Any, clock: Any
+) -> None:
+    """Its node stopped renewing (it died, as far as anyone can tell) and no live node
+    carries its flow: a terminate takes the expired lease and ends it, fenced."""
+    plan = order_flow("stop.orphan")
+    dead = await host_factory(plan)
+    gates["charge"] = asyncio.Event()
+    handle = await dead.start(plan, kit.Order(order_id="d1"))
+    await _running("charge")
+    clock.advance(seconds=61)  # two TTLs without a renewal: the lease has expired
+    bystander = await host_factory()
+    outcome = await bystander.terminate(handle.instance_id, "retired version", by="ops")
+    assert (outcome.state, outcome.waiting) == (InstanceState.TERMINATED, ())
+    gates["charge"].set()  # the zombie's attempt returns: its commit is fenced out
+    await dead.wait_idle(timeout=10)
+    record = await dead.get(handle.instance_id)
+    assert record.state is InstanceState.TERMINATED
+    rows = await rows_of(dead, handle.instance_id)
+    assert [r.step_name for r in rows] == ["stop.reserve"]  # nothing past the fence

@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 
 import flowx
+from flowx.capability import CapabilityRegistry, capability_of
 from flowx.stores.protocols import InstanceQuery
-from flowx.stores.records import InstanceState, Outcome
-from tests.engine.kit import Ledger, Order, rows_of, until_state
+from flowx.stores.records import InstanceState, Outcome, StopRequest
+from tests.engine.kit import T0, Ledger, Order, rows_of, until_state
 from tests.engine.kit import fresh_ledgers as _reset  # noqa: F401 - autouse
 from tests.support.polling import until
 
@@ -21,6 +22,23 @@ ledger = Ledger("quar")
 calls = ledger.calls
 one = ledger.capability("one")
 two = ledger.capability("two")
+
+
+pay_v1 = ledger.capability("pay")
+
+
+@flowx.capability("quar.pay", version="2.0.0")
+async def pay_v2(ctx: flowx.StepContext, order: Order) -> str:
+    return "paid-v2"
+
+
+def pinned_v1() -> flowx.Plan:
+    return flowx.flow("quar.pinned", version="1", input=Order).step(pay_v1).build()
+
+
+def pinned_v2() -> flowx.Plan:
+    """The same flow version on a node that registers only pay 2.0.0."""
+    return flowx.flow("quar.pinned", version="1", input=Order).step(pay_v2, name="quar.pay").build()
 
 
 def original() -> flowx.Plan:
@@ -102,3 +120,48 @@ async def test_a_quarantined_instance_is_terminated_without_its_code(host_factor
     outcome = await wrong.terminate(iid, "abandoned after a bad deploy", by="ops")
     assert outcome.state is InstanceState.TERMINATED
     assert calls["two"] == 1
+
+
+async def test_a_terminate_that_came_as_it_was_set_aside_is_carried_out(
+    host_factory: Any,
+) -> None:
+    iid = await _half_done(host_factory)
+    wrong = await host_factory(changed())
+    assert wrong.store is not None
+    request = StopRequest(mode="terminate", reason="bad deploy", by="ops", at=T0)
+    await wrong.store.stops.request_stop(iid, request)  # kept; nobody runs it yet
+    await wrong.resume(iid, queued=True)  # the resume finds the mismatch, then the request
+    record = await until_state(wrong, iid, InstanceState.TERMINATED)
+    assert flowx.codec.loads(record.error or "null")["by"] == "ops"
+
+
+async def test_a_missing_capability_version_is_this_node_s_problem_not_a_quarantine(
+    host_factory: Any,
+) -> None:
+    """A node that does not register a version the journal pinned leaves the instance for a
+    node that does, instead of setting it aside for an operator."""
+    first = await host_factory(pinned_v1())
+    ledger.broken.add("pay")
+    handle = await first.start(pinned_v1(), Order(order_id="p1"))
+    await until_state(first, handle.instance_id, InstanceState.FAILED)
+    await first.replay(handle.instance_id, "quar.pay", dry_run=True)  # replayable: sound
+    ledger.broken.clear()
+    tried = calls["pay"]
+    only_v2 = CapabilityRegistry()  # this node's registry: pay 2.0.0, not the pinned 1.0.0
+    cap = capability_of(pay_v2)
+    assert cap is not None
+    only_v2.register(cap)
+    second = await host_factory(pinned_v2(), registry=only_v2)
+    await second.replay(handle.instance_id, "quar.pay")
+
+    async def left_alone() -> bool:
+        return handle.instance_id not in second._tasks
+
+    await until(left_alone, within=10, what="the run on the node without v1 ending")
+    record = await second.get(handle.instance_id)
+    assert record.state is not InstanceState.QUARANTINED
+    assert calls["pay"] == tried  # nothing ran on the node without 1.0.0
+    # A node that carries 1.0.0 finishes it.
+    third = await host_factory(pinned_v1())
+    assert await third.resume(handle.instance_id, queued=True) == "resumed"
+    await until_state(third, handle.instance_id, InstanceState.COMPLETED)

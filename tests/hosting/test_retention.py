@@ -20,7 +20,7 @@ from pydantic import BaseModel
 import flowx
 from flowx.stores.protocols import Stores
 from flowx.stores.records import ArchivedInstance, InstanceState, RetentionPolicy
-from flowx.stores.retention import PARENT_LIVE, UNPUBLISHED
+from flowx.stores.retention import PARENT_KEPT, UNPUBLISHED
 from flowx.testing import FakeClock
 from tests.engine import kit
 from tests.engine.kit import Ledger, until_state
@@ -195,7 +195,7 @@ async def test_what_is_still_owed_is_held_back_and_counted(hosts: Any, clock: Fa
     clock.advance(days=31)
     report = await host.sweep_retention()
     assert report.deleted == 0
-    assert report.held_back == {UNPUBLISHED: 1, PARENT_LIVE: 1}
+    assert report.held_back == {UNPUBLISHED: 1, PARENT_KEPT: 1}
     assert await _exists(host, unpublished)
     assert (await host.get(parent)).state is InstanceState.SUSPENDED
 

@@ -47,7 +47,7 @@ _PG_SWAP = re.compile(
 )
 # SQLite: a table definition edited in place, `replace(sql, 'old text', 'new text')`.
 _LITE_EDIT = re.compile(
-    r"UPDATE\s+sqlite_schema\s+SET\s+sql\s*=\s*replace\(\s*sql\s*,\s*'((?:[^']|'')*)'\s*,"
+    r"UPDATE\s+(?:sqlite_schema|sqlite_master)\s+SET\s+sql\s*=\s*replace\(\s*sql\s*,\s*'((?:[^']|'')*)'\s*,"
     r"\s*'((?:[^']|'')*)'\s*\)",
     re.IGNORECASE,
 )

@@ -27,7 +27,7 @@ from flowx.engine.history import Attempts, Done, History, journal_order
 from flowx.engine.ports import RunPorts
 from flowx.engine.spec import RunSpec
 from flowx.engine.stops import StopWatch
-from flowx.errors import CapabilityNotFound, FlowXError, NonDeterminismError
+from flowx.errors import CapabilityNotFound, CapabilityVersionMissing, FlowXError
 from flowx.plan.model import EmitNode, Node, StepNode, SubFlowNode
 from flowx.stores.errors import FencedOut, LeaseLost
 from flowx.stores.records import EventWrite, InstanceState, Outcome, StepRecord, StepWrite, Wake
@@ -300,7 +300,7 @@ class Run:
         try:
             return self.registry.resolve(node.capability.id, version)
         except CapabilityNotFound as exc:
-            raise NonDeterminismError(
+            raise CapabilityVersionMissing(
                 f"instance {self.instance_id} ran step {node.name!r} with "
                 f"{node.capability.id}@{version}, which this node does not carry (R2.6)"
             ) from exc
@@ -362,6 +362,17 @@ class Run:
                 raise
         finally:
             self.stop.disarm(armed)
+
+    def stop_forward(self, *, halted: bool = False) -> None:
+        """This run goes no further forward: it is ending the instance (or, ``halted``, a
+        fork branch failed and its siblings stop at their next boundary). A cancel then has
+        nothing left to stop, so it no longer cuts an attempt still running."""
+        if halted:
+            self.halted = True
+        else:
+            self.ending = True
+        if self.stop is not None:
+            self.stop.forward_over()
 
     def stop_cut(self, *, by_cancel: bool) -> tuple[StopWatch, bool] | None:
         """What lets an operator's stop cut the attempt about to run (``invoke_bounded``)."""

@@ -200,7 +200,7 @@ class Execution:
     async def _deadline_passed(self, late: Halt) -> RunResult:
         run = self._run
         assert late.node is not None and late.at is not None
-        run.ending = True
+        run.stop_forward()
         error = error_payload(
             FlowXError(
                 f"{self.plan.ref} passed its deadline ({late.at.isoformat()}) "
@@ -225,7 +225,7 @@ class Execution:
         run = self._run
         assert halt.request is not None
         error = stop_error(halt.request)
-        run.ending = True
+        run.stop_forward()
         if halt.request.mode == "terminate":
             where = {"step": halt.node.name, "scope": halt.scope} if halt.node else {}
             error = {**error, **where}
@@ -251,7 +251,7 @@ class Execution:
         self, node: Node, scope: str, failure: dict[str, Any], *, timed_out: bool = False
     ) -> RunResult:
         run = self._run
-        run.ending = True
+        run.stop_forward()
         error = {**failure, "step": node.name, "scope": scope}
         outcome: RunOutcome = "timed_out" if timed_out else "failed"
         final = InstanceState.TIMED_OUT if timed_out else InstanceState.FAILED

@@ -61,6 +61,9 @@ class StopWatch:
         # had pending when armed (a drain's must not be mistaken for ours, nor taken back).
         self._armed: dict[asyncio.Task[Any], tuple[bool, int]] = {}
         self._cut: set[asyncio.Task[Any]] = set()
+        # Once the run is ending the instance (failing, timing out) or a fork sibling has
+        # failed, a cancel has nothing left to stop: an attempt still running is not cut.
+        self._forward = True
 
     def tell(self, request: StopRequest) -> bool:
         """A request for this run's instance; ``False`` if it changes nothing (an equal or
@@ -72,9 +75,16 @@ class StopWatch:
             self._fire(task, by_cancel)
         return True
 
+    def forward_over(self) -> None:
+        """The run stops going forward (it is ending the instance, or a fork branch
+        failed): from now on only a terminate cuts an attempt."""
+        self._forward = False
+
     def _fire(self, task: asyncio.Task[Any], by_cancel: bool) -> None:
         request = self.request
-        if request is None or (request.mode == "cancel" and not by_cancel) or task in self._cut:
+        if request is None or task in self._cut:
+            return
+        if request.mode == "cancel" and not (by_cancel and self._forward):
             return
         self._cut.add(task)
         task.cancel(f"{request.mode} requested by {request.by}")

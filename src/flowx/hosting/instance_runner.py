@@ -21,7 +21,12 @@ from typing import Any, cast
 from pydantic import BaseModel
 
 from flowx.engine.runner import Execution, RunPorts, RunResult, RunSpec
-from flowx.errors import FlowXError, IllegalState, NonDeterminismError, NonRetryableError
+from flowx.errors import (
+    CapabilityVersionMissing,
+    FlowXError,
+    IllegalState,
+    NonDeterminismError,
+)
 from flowx.hosting import stopping
 from flowx.hosting.context import NodeContext
 from flowx.hosting.creation import child_instance
@@ -33,6 +38,7 @@ from flowx.hosting.recovery import RecoveryService, ResumeVerdict
 from flowx.hosting.settling import renew_late, reopen
 from flowx.hosting.threads import RunThreads
 from flowx.hosting.timers import TimerService
+from flowx.hosting.undo import undoable, undone
 from flowx.plan.model import Plan, SubFlowNode
 from flowx.stores.errors import (
     FencedOut,
@@ -239,18 +245,9 @@ class InstanceRunner:
         ctx = self._ctx
         stores = ctx.require_stores()
         record = await stores.journal.get(child_id)
-        if record is None or record.state in (InstanceState.FAILED, InstanceState.TIMED_OUT):
-            return  # never started, failed (and compensated itself), or already undone
-        if record.state is InstanceState.COMPENSATION_FAILED:
-            raise NonRetryableError(
-                f"child instance {child_id} could not be undone: its own compensation ran out "
-                f"({record.error}); replay the child, then this instance"
-            )
-        if record.state not in (InstanceState.COMPLETED, InstanceState.COMPENSATING):
-            raise FlowXError(
-                f"child instance {child_id} is {record.state.value}; it is undone once it ends",
-                code="sub_flow.child_busy",
-            )
+        if not undoable(child_id, record):
+            return  # it undid itself, or was undone already
+        assert record is not None
         plan = ctx.plans.plan(record.flow_id, record.flow_version)
         claimed = await self.claim(stores, record)
         if claimed is None:
@@ -270,11 +267,7 @@ class InstanceRunner:
             ctx.stops.leave(child_id)
             await durable.release()
         await after_run(ctx, plan, child, result, timers=self.timers, wake=None)
-        if result.outcome == "compensation_failed":
-            raise NonRetryableError(
-                f"child instance {child_id} could not be undone: its compensation ran out "
-                f"({result.error}); replay the child, then this instance"
-            )
+        undone(child_id, result)
         if result.final_state is None:
             raise FlowXError(
                 f"undoing child instance {child_id} stopped ({result.outcome}); trying again",
@@ -461,6 +454,8 @@ class InstanceRunner:
             outcome.set_result(result)
             await asyncio.sleep(0)
             return result
+        except CapabilityVersionMissing as exc:  # this node's problem, not the instance's
+            log.error("instance %s cannot be resumed on this node: %s", iid, exc)
         except NonDeterminismError as exc:
             await quarantine(self._ctx, lease, record, exc)
         except JournalUnavailable as exc:

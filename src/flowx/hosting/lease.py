@@ -244,7 +244,7 @@ class LeaseKeeper:
         if self._poll is not None:
             self._poll.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._poll
+                await self._poll  # its own errors are logged inside it
             self._poll = None
         task, self._task = self._task, None
         if task is not None:
@@ -324,3 +324,5 @@ class LeaseKeeper:
             await on_round(kept)
         except FlowXError as exc:  # a stop request is read again next round
             log.warning("stop requests not read this round: %s", exc)
+        except Exception:  # a bug (an unreadable request): said loudly, renewals go on
+            log.exception("stop requests not read this round")

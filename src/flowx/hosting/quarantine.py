@@ -16,10 +16,11 @@ import logging
 
 from flowx import codec
 from flowx.engine.failures import error_payload
+from flowx.engine.stops import stop_error
 from flowx.errors import FlowXError, NonDeterminismError
 from flowx.hosting.context import NodeContext
 from flowx.hosting.lease import DurableLease
-from flowx.stores.records import InstanceRecord, InstanceState, StepCommit
+from flowx.stores.records import InstanceRecord, InstanceState, StepCommit, StopRequest
 
 log = logging.getLogger("flowx.host")
 
@@ -54,6 +55,7 @@ async def quarantine(
             failed,
         )
         return
+    await _terminate_if_asked(ctx, lease, iid)
     log.error(
         "instance %s of %s@%s quarantined: %s. Run the code it was started with, then "
         "`flowx replay %s`",
@@ -63,3 +65,27 @@ async def quarantine(
         exc,
         iid,
     )
+
+
+async def _terminate_if_asked(ctx: NodeContext, lease: DurableLease, iid: str) -> None:
+    """A terminate that came while the instance was being set aside is carried out now,
+    under the same lease: it needs none of the flow's code. (A cancel waits: compensating
+    needs the code that matches the journal.)"""
+    stores = ctx.require_stores()
+    record = await stores.journal.get(iid)
+    if record is None or record.stop_request is None:
+        return
+    request = StopRequest.loads(record.stop_request)
+    if request.mode != "terminate":
+        return
+    await stores.journal.commit(
+        StepCommit(
+            instance_id=iid,
+            token=lease.token,
+            now=ctx.clock.store_time(),
+            state=InstanceState.TERMINATED,
+            error=codec.dumps(stop_error(request)),
+            notify_parent=record.parent_instance_id is not None,
+        )
+    )
+    log.info("instance %s terminated by %s: %s", iid, request.by, request.reason)

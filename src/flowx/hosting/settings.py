@@ -44,6 +44,7 @@ class HostSettings(BaseSettings):
         frozen=True,
         extra="forbid",
         env_prefix="FLOWX_",
+        env_ignore_empty=True,  # FLOWX_LEASE_TTL= (set but empty) means "not set"
         pyproject_toml_table_header=("tool", "flowx"),
     )
 

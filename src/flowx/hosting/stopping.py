@@ -110,8 +110,13 @@ async def stop(
         ) from exc
     waiting: list[str] = []
     for iid, state in receipt.affected:
-        if ctx.stops.tell(iid, request) or state is not InstanceState.PENDING:
-            continue  # running here, or running elsewhere: that node's run stops it
+        if ctx.stops.tell(iid, request):
+            continue  # running here: its run stops at its next boundary
+        if state is not InstanceState.PENDING and request.mode != "terminate":
+            continue  # running elsewhere: that node's run stops it
+        # Pending: stop it here. A terminate also tries a Running one: if the node that ran
+        # it died and no live node carries its version, nobody else ever would (the lease
+        # is taken only if it has expired).
         if not await _carry_out(ctx, runner, stores, iid):
             waiting.append(iid)
     record = await stores.journal.get(instance_id)

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
 
-from flowx.stores.columns import TERMINAL_STATES_SQL
 from flowx.stores.records import (
     ArchivedInstance,
     EventRecord,
@@ -25,15 +24,15 @@ from flowx.stores.records import (
 UNPUBLISHED = "an event not yet published"
 #: An event of the instance is past the cursor of a declared change consumer.
 UNREAD = "an event a declared consumer has not read"
-#: A sub-flow child whose parent has not ended: the parent's compensation may still need to
-#: replay it and run its compensations.
-PARENT_LIVE = "its parent has not ended"
+#: A sub-flow child whose parent is still in the journal: the parent's compensation — now, or
+#: after a replay of a parent that failed — may still need to replay the child and run its
+#: compensations. A child goes after its parent.
+PARENT_KEPT = "its parent is still in the journal"
 
 
 def held_by_sql(unread: str) -> str:
     """``HELD_BY_SQL`` with the backend's test of an event (``o``) a consumer has not read:
     a cursor is a ``staged_seq`` on SQLite, a ``(staged_xid, staged_seq)`` on PostgreSQL."""
-    terminal = TERMINAL_STATES_SQL
     return (
         # Scalar subqueries, not EXISTS: each is one index probe per row of the page, where a
         # hashed EXISTS would read every pending event or live instance once per page.
@@ -41,8 +40,8 @@ def held_by_sql(unread: str) -> str:
         f"AND o.published_at IS NULL LIMIT 1) IS NOT NULL THEN '{UNPUBLISHED}' "
         "WHEN (SELECT 1 FROM outbox_event o WHERE o.instance_id = f.instance_id "
         f"AND {unread} LIMIT 1) IS NOT NULL THEN '{UNREAD}' "
-        "WHEN (SELECT p.state FROM flow_instance p WHERE p.instance_id = f.parent_instance_id) "
-        f"NOT IN {terminal} THEN '{PARENT_LIVE}' END"
+        "WHEN (SELECT 1 FROM flow_instance p WHERE p.instance_id = f.parent_instance_id) "
+        f"IS NOT NULL THEN '{PARENT_KEPT}' END"
     )
 
 

@@ -26,9 +26,14 @@ class TreeRow:
     stop_request: str | None
 
 
-def targets(root: str, tree: Mapping[str, TreeRow], request: StopRequest) -> tuple[str, list[str]]:
-    """The request's status and the instances to write it to, in id order: every unfinished
-    instance of the tree that the request outranks (``StopRequest.outranks``).
+def targets(
+    root: str, tree: Mapping[str, TreeRow], request: StopRequest
+) -> tuple[str, list[str], list[str]]:
+    """The request's status, the instances to write it to, in id order — every unfinished
+    instance of the tree that the request outranks (``StopRequest.outranks``) — and those
+    only to wake: a Suspended or Quarantined one that holds an equal or stronger request not
+    yet carried out (it went to sleep, or was set aside, as the request came), made Pending
+    again so a repeated command reaches it.
 
     Raises ``UnknownInstance`` (no root row) or ``InstanceFinished`` (the root ended other
     than by a stop: there is nothing to cancel, and saying so is the honest answer)."""
@@ -45,9 +50,16 @@ def targets(root: str, tree: Mapping[str, TreeRow], request: StopRequest) -> tup
         if not row.state.terminal
         and request.outranks(StopRequest.loads(row.stop_request) if row.stop_request else None)
     )
+    rewake = sorted(
+        iid
+        for iid, row in tree.items()
+        if iid not in chosen
+        and row.stop_request is not None
+        and row.state in (InstanceState.SUSPENDED, InstanceState.QUARANTINED)
+    )
     if top.state.terminal:
-        return "ended", chosen
-    return ("requested" if root in chosen else "already"), chosen
+        return "ended", chosen, rewake
+    return ("requested" if root in chosen else "already"), chosen, rewake
 
 
 def woken(state: InstanceState) -> InstanceState:

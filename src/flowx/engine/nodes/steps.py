@@ -323,7 +323,7 @@ async def fork(run: Run, node: ForkNode, scope: str, item: Any, has_item: bool) 
     try:
         _done, running = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         if running:
-            run.halted = True
+            run.stop_forward(halted=True)
             await asyncio.wait(running)
     except BaseException:
         for task in tasks:

@@ -14,7 +14,7 @@ from flowx.stores.records import (
     InstanceState,
     RetentionPolicy,
 )
-from flowx.stores.retention import PARENT_LIVE, UNPUBLISHED, UNREAD
+from flowx.stores.retention import PARENT_KEPT, UNPUBLISHED, UNREAD
 
 
 class MemoryRetention:
@@ -40,9 +40,8 @@ class MemoryRetention:
             return UNPUBLISHED
         if read_to is not None and any(e.staged_seq > read_to for e in mine):
             return UNREAD
-        parent = d.instances.get(record.parent_instance_id or "")
-        if parent is not None and not parent.state.terminal:
-            return PARENT_LIVE
+        if record.parent_instance_id in d.instances:
+            return PARENT_KEPT
         return None
 
     async def expired(

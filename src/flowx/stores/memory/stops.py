@@ -37,7 +37,12 @@ class MemoryStops:
     async def request_stop(self, instance_id: str, request: StopRequest) -> StopReceipt:
         d = self._d
         tree = self._tree(instance_id)
-        status, chosen = targets(instance_id, tree, request)
+        status, chosen, rewake = targets(instance_id, tree, request)
+        for iid in rewake:
+            record = d.instances[iid]
+            d.instances[iid] = dataclasses.replace(
+                record, state=woken(record.state), updated_at=request.at
+            )
         text = request.dumps()
         for iid in chosen:
             record = d.instances[iid]
@@ -63,7 +68,7 @@ class MemoryStops:
                         received_at=request.at,
                     )
                 )
-        return receipt(instance_id, tree, request, status, chosen)
+        return receipt(instance_id, tree, request, status, chosen + rewake)
 
     async def stop_requests(self, instance_ids: Sequence[str]) -> dict[str, str]:
         out: dict[str, str] = {}

@@ -46,6 +46,11 @@ INSERT INTO flow_signal (instance_id, name, key, payload, received_at)
 SELECT instance_id, 'flowx.stop', %(mode)s, %(request)s::json, %(now)s FROM kept
 ON CONFLICT (instance_id, name, key) WHERE key IS NOT NULL DO NOTHING
 """
+# Wake those holding a request not yet carried out (a repeat reaches them again).
+WAKE: Final[LiteralString] = (
+    "UPDATE flow_instance SET state = 'Pending', updated_at = %(now)s, version = version + 1 "
+    "WHERE instance_id = ANY (%(ids)b::uuid[]) AND state IN ('Suspended', 'Quarantined')"
+)
 REQUESTS: Final[LiteralString] = (
     "SELECT instance_id::text, stop_request FROM flow_instance "
     "WHERE instance_id = ANY (%b::uuid[]) AND stop_request IS NOT NULL"
@@ -68,12 +73,15 @@ class PostgresStops:
         async with self._db.connection() as conn, conn.transaction():
             rows = await (await conn.execute(LOCK_TREE, {"instance_id": instance_id})).fetchall()
             tree = {str(r[0]): TreeRow(InstanceState(r[1]), r[2]) for r in rows}
-            status, chosen = targets(instance_id, tree, request)
+            status, chosen, rewake = targets(instance_id, tree, request)
             if chosen:
                 params = {"ids": chosen, "request": text, "mode": request.mode, "now": request.at}
                 await conn.execute(KEEP, params)
-        done = receipt(instance_id, tree, request, status, chosen)
-        if self._work is not None and any(tree[i].state is InstanceState.SUSPENDED for i in chosen):
+            if rewake:
+                await conn.execute(WAKE, {"ids": rewake, "now": request.at})
+        done = receipt(instance_id, tree, request, status, chosen + rewake)
+        sleeping = (InstanceState.SUSPENDED, InstanceState.QUARANTINED)
+        if self._work is not None and any(tree[i].state in sleeping for i in chosen + rewake):
             self._work.mark()  # Pending now: a worker elsewhere may take it at once
         return done
 

@@ -61,7 +61,9 @@ def _statements(script: str) -> list[str]:
 
 
 #: A migration statement that edits a table's definition in place (``writable_schema``).
-_SCHEMA_EDIT = re.compile(r"(?:--[^\n]*\n|\s)*UPDATE\s+sqlite_schema\b", re.IGNORECASE)
+_SCHEMA_EDIT = re.compile(
+    r"(?:--[^\n]*\n|\s)*UPDATE\s+(?:sqlite_schema|sqlite_master)\b", re.IGNORECASE
+)
 
 
 def _schema_edited(conn: sqlite3.Connection, migration: migrations.Migration, edited: int) -> None:

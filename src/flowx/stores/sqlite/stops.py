@@ -37,6 +37,11 @@ JOURNAL: Final = (
     "VALUES (:instance_id, '" + STOP_SIGNAL + "', :mode, :request, :now) "
     "ON CONFLICT (instance_id, name, key) WHERE key IS NOT NULL DO NOTHING"
 )
+# Wake one holding a request not yet carried out (a repeat reaches it again).
+WAKE: Final = (
+    "UPDATE flow_instance SET state = 'Pending', updated_at = :now, version = version + 1 "
+    "WHERE instance_id = :instance_id AND state IN ('Suspended', 'Quarantined')"
+)
 REQUESTS: Final = (
     "SELECT instance_id, stop_request FROM flow_instance "
     "WHERE stop_request IS NOT NULL AND instance_id IN (SELECT value FROM json_each(?))"
@@ -57,7 +62,9 @@ class SqliteStops:
                 str(r[0]): TreeRow(InstanceState(r[1]), r[2])
                 for r in conn.execute(TREE, (instance_id,))
             }
-            status, chosen = targets(instance_id, tree, request)
+            status, chosen, rewake = targets(instance_id, tree, request)
+            for iid in rewake:
+                conn.execute(WAKE, {"instance_id": iid, "now": to_text(request.at)})
             for iid in chosen:
                 params = {
                     "instance_id": iid,
@@ -67,7 +74,7 @@ class SqliteStops:
                 }
                 conn.execute(KEEP, params)
                 conn.execute(JOURNAL, params)
-            return receipt(instance_id, tree, request, status, chosen)
+            return receipt(instance_id, tree, request, status, chosen + rewake)
 
         return await self._db.write(tx)
 

@@ -9,7 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 from flowx.stores.records import InstanceState, RetentionPolicy
-from flowx.stores.retention import PARENT_LIVE, UNPUBLISHED, UNREAD
+from flowx.stores.retention import PARENT_KEPT, UNPUBLISHED, UNREAD
 from flowx.testing.conformance._support import at, commit, event, step
 from flowx.testing.conformance._support import make_instance as _make
 
@@ -102,7 +102,7 @@ class RetentionStoreConformance:
             stores, 6, parent_instance_id=parent, parent_scope="", parent_step_id=1
         )
         held = {e.instance_id: e.held_by for e in await _expired(stores, 40)}
-        assert held == {unpublished: UNPUBLISHED, child: PARENT_LIVE}, held
+        assert held == {unpublished: UNPUBLISHED, child: PARENT_KEPT}, held
         assert await stores.retention.delete(await _expired(stores, 40)) == 0
 
         # Published, but a declared consumer has not read it yet.
@@ -173,3 +173,18 @@ class RetentionStoreConformance:
         counts = await asyncio.gather(*(stores.retention.delete(page) for _ in range(4)))
         assert sum(counts) == 20
         assert await _expired(stores, 40) == []
+
+    async def test_a_child_goes_after_its_parent(self, stores: Any) -> None:
+        """A parent that ended may still be replayed and undo its completed child: the child
+        is kept while the parent is in the journal, and goes at the next page after it."""
+        parent = await _ended(stores, 5, InstanceState.COMPENSATION_FAILED)
+        child = await _ended(
+            stores, 4, parent_instance_id=parent, parent_scope="", parent_step_id=1
+        )
+        held = {e.instance_id: e.held_by for e in await _expired(stores, 40)}
+        assert held == {child: PARENT_KEPT, parent: None}
+        assert await stores.retention.delete(await _expired(stores, 40)) == 1
+        assert await stores.journal.get(parent) is None
+        [free] = await _expired(stores, 40)
+        assert (free.instance_id, free.held_by) == (child, None)
+        assert await stores.retention.delete([free]) == 1

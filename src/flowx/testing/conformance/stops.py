@@ -143,3 +143,18 @@ class StopStoreConformance:
         assert (receipt.status, receipt.state) == ("ended", InstanceState.CANCELLED)
         assert receipt.affected == ((late, InstanceState.RUNNING),)
         assert (await stores.journal.get(late)).stop_request is not None
+
+    async def test_a_repeat_wakes_an_instance_set_aside_with_a_request_not_carried_out(
+        self, stores: Any
+    ) -> None:
+        """A request kept on an instance that went to sleep or was quarantined as it came
+        would otherwise never be carried out: a repeat writes no new request, but makes it
+        Pending again for a node to stop."""
+        iid = await _make(stores)
+        await stores.stops.request_stop(iid, _request("terminate"))
+        await stores.journal.commit(commit(iid, token=1, now=12, state=InstanceState.QUARANTINED))
+        again = await stores.stops.request_stop(iid, _request("cancel", by="bob", when=20))
+        assert (again.status, again.state) == ("already", InstanceState.PENDING)
+        kept = StopRequest.loads((await stores.journal.get(iid)).stop_request)
+        assert (kept.mode, kept.by) == ("terminate", "ann")
+        assert len(await stores.waits.signals(iid, STOP_SIGNAL)) == 1
