@@ -23,21 +23,32 @@ from typing import Any
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def b7_command(args: argparse.Namespace) -> list[str]:
+def b7_command(args: argparse.Namespace, side: str = "") -> list[str]:
     """B7 (``benchmarks.journal_throughput``) as ``args`` (instances, steps, concurrency,
-    store) ask for it, in a process of its own."""
+    store) ask for it, in a process of its own. On PostgreSQL each side gets a schema of its
+    own (``flowx_ab_<side>``): two trees at different schema versions cannot share one (the
+    older refuses a journal the newer migrated)."""
     cmd = [sys.executable, "-m", "benchmarks.journal_throughput"]
     cmd += ["--instances", str(args.instances), "--steps", str(args.steps)]
     cmd += ["--concurrency", args.concurrency]
     if args.store:
-        cmd += ["--store", args.store]
+        store = args.store
+        if (
+            side
+            and store.startswith(("postgres://", "postgresql://"))
+            and "flowx_schema" not in store
+        ):
+            store += ("&" if "?" in store else "?") + f"flowx_schema=flowx_ab_{side}"
+        cmd += ["--store", store]
     return cmd
 
 
-def one_run(tree: Path, args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
+def one_run(
+    tree: Path, args: argparse.Namespace, out: Path, side: str = ""
+) -> list[dict[str, Any]]:
     """One B7 run of ``tree``'s own benchmark against ``tree``'s own flowx."""
     env = dict(os.environ, PYTHONPATH=str((tree / "src").resolve()))
-    cmd = b7_command(args)
+    cmd = b7_command(args, side)
     bench = (tree / "benchmarks" / "journal_throughput.py").read_text()
     if '"--out"' in bench:
         cmd += ["--out", str(out)]
@@ -94,7 +105,7 @@ def main() -> None:
             order = ["before", "after"] if n % 2 == 0 else ["after", "before"]
             for side in order:
                 out = Path(tmp) / f"{side}-{n}.json"
-                runs[side].append(one_run(getattr(args, side), args, out))
+                runs[side].append(one_run(getattr(args, side), args, out, side))
             print(f"round {n + 1}/{args.rounds} done", file=sys.stderr)
     levels = [r["concurrency"] for r in runs["before"][0]]
     table = []
