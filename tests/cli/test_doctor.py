@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 from datetime import UTC, datetime
 
 import flowx
@@ -72,3 +73,20 @@ def test_doctor_of_a_healthy_journal_exits_0(db: str) -> None:
     assert out.splitlines()[-1] == "ok         nothing needs attention"
     code, _, err = invoke("doctor", "--db", db + ".missing")
     assert code == 3 and "no journal at" in err
+
+
+def test_doctor_of_a_journal_at_an_older_schema_names_the_migration(db: str) -> None:
+    """This code cannot read a journal an older release left: doctor says so, with what to
+    run, rather than failing like a read command."""
+    path = db.removeprefix("sqlite:///")
+    assert invoke("migrate", "--db", db)[0] == 0
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute("DELETE FROM flowx_schema_migrations WHERE version = 10")
+    conn.close()
+    code, out, err = invoke("doctor", "--db", db, "-o", "json")
+    assert code == 1, err
+    doc = json.loads(out)
+    [problem] = doc["problems"]
+    assert "is at schema 9, this FlowX needs 10" in problem and "flowx migrate" in problem
+    assert doc["settings"]["lease_ttl"] == 30.0

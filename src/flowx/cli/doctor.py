@@ -21,6 +21,7 @@ from flowx.cli.render import emit_json
 from flowx.hosting.retention import sweep
 from flowx.hosting.settings import HostSettings
 from flowx.plan.model import Plan
+from flowx.stores.errors import SchemaNotMigrated
 from flowx.stores.protocols import InstanceQuery, StoreClock, Stores
 
 #: Stuck instances counted at most (the count says "at least" beyond it).
@@ -103,7 +104,20 @@ async def _versions(stores: Stores, plans: list[Plan], problems: list[str]) -> d
     return doc
 
 
+async def _examine_or_behind(db: str, plans: list[Plan], settings: HostSettings) -> dict[str, Any]:
+    """``examine``, or — for a journal at an older schema, which this code cannot read — that
+    one problem, with the migration to run, and the settings."""
+    try:
+        return await examine(db, plans, settings)
+    except SchemaNotMigrated as exc:
+        return {"problems": [str(exc)], "settings": settings.resolved(), "behind": True}
+
+
 def _text(doc: dict[str, Any]) -> str:
+    if doc.get("behind"):
+        problems = [f"problem    {p}" for p in doc["problems"]]
+        settings = ", ".join(f"{k}={v}" for k, v in sorted(doc["settings"].items()))
+        return "\n".join([*problems, f"settings   {settings}"])
     store, clock, outbox = doc["store"], doc["clock"], doc["outbox"]
     lines = [
         f"store      {store['describe']} (schema {store['schema_version']})",
@@ -141,7 +155,7 @@ def doctor(db: str, flows: tuple[str, ...], output: str) -> None:
     attention, 3 if there is no journal where --db points."""
     plans = plans_or_fail(flows) if flows else []
     settings = HostSettings.load()
-    doc = run(examine(db, plans, settings))
+    doc = run(_examine_or_behind(db, plans, settings))
     doc["ok"] = not doc["problems"]
     if output == "json":
         emit_json(doc)
