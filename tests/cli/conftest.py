@@ -14,6 +14,18 @@ def db(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'cli.db'}"
 
 
+@pytest.fixture
+def faults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A fault-switch folder for ``tests.cli.wait_flows`` (a capability named X fails while
+    a file X exists in it), named in the environment the CLI's flows read."""
+    from tests.cli.wait_flows import FAULTS_ENV
+
+    where = tmp_path / "faults"
+    where.mkdir()
+    monkeypatch.setenv(FAULTS_ENV, str(where))
+    yield where
+
+
 @pytest.fixture(autouse=True)
 def _logging_restored() -> Iterator[None]:
     """`flowx worker` run in-process configures the flowx and library loggers with a handler

@@ -261,6 +261,13 @@ def test_a_bad_publisher_url_stops_the_worker_with_one_line(db: str, url: str, s
         (("start", "x", "--flows", "os:path"), 2, "is a module, not a plan"),
         (("start", "x", "--flows", "tests.cli.unstorable_flows:Reading"), 2, "is the class"),
         (("start", "x", "--flows", "..:x"), 2, "must be module:attribute"),
+        (("list", "--tenant", "a\x00b"), 2, "names may not hold control characters"),
+        (("count", "--version", "1\n2"), 2, "names may not hold control characters"),
+        (
+            ("retention", "set", "--flow", "a\x00b", "--class", "Completed", "--keep", "1d"),
+            2,
+            "names may not hold control characters",
+        ),
         (("list", "--before", "0001-01-01T00:00:00+14:00,x"), 2, "outside the dates"),
         (("list", "--before", "9999-12-31T23:59:59-14:00,x"), 2, "outside the dates"),
         (("replay", "--instance", "x", "--from", "\u00b2", "--flows", FLOWS_REF), 3, "no flow"),
@@ -275,7 +282,8 @@ def test_a_bad_publisher_url_stops_the_worker_with_one_line(db: str, url: str, s
             "node_id 'a\\nINFO forged' holds '\\n'",
         ),
     ],
-    ids=["flows-module", "flows-class", "flows-relative", "before-min", "before-max",
+    ids=["flows-module", "flows-class", "flows-relative", "tenant-nul", "version-newline",
+         "retention-flow-nul", "before-min", "before-max",
          "replay-superscript", "ready-file", "node-id"],
 )  # fmt: skip
 def test_other_bad_arguments_are_one_line(

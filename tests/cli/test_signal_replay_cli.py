@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,19 +20,11 @@ from flowx.stores.protocols import InstanceQuery
 from flowx.stores.records import InstanceRecord, InstanceState, Outcome, StepRecord
 from tests.cli import wait_flows
 from tests.cli.runner import invoke
-from tests.cli.wait_flows import FAULTS_ENV, FLOWS, Order, OrderState, Shipment
+from tests.cli.wait_flows import FLOWS, Order, OrderState, Shipment
 
 FLOWS_REF = "tests.cli.wait_flows:FLOWS"
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = '{"carrier": "dhl", "tracking": "T1"}'
-
-
-@pytest.fixture
-def faults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    where = tmp_path / "faults"
-    where.mkdir()
-    monkeypatch.setenv(FAULTS_ENV, str(where))
-    yield where
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,17 +14,9 @@ from flowx.stores.protocols import InstanceQuery
 from flowx.stores.records import InstanceRecord
 from tests.cli import wait_flows
 from tests.cli.runner import invoke
-from tests.cli.wait_flows import FAULTS_ENV, FLOWS, Order
+from tests.cli.wait_flows import FLOWS, Order
 
 FLOWS_REF = "tests.cli.wait_flows:FLOWS"
-
-
-@pytest.fixture
-def faults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    where = tmp_path / "faults"
-    where.mkdir()
-    monkeypatch.setenv(FAULTS_ENV, str(where))
-    yield where
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ import click
 
 from flowx import codec
 from flowx.errors import InputUnreadable
+from flowx.names import name_problem
 
 #: PEP 383: a byte that is not UTF-8 in argv arrives as U+DC80..U+DCFF.
 _ESCAPED_BYTES: Final = range(0xDC80, 0xDD00)
@@ -174,3 +175,14 @@ def moment(text: str, option: str) -> datetime:
         raise click.BadParameter(
             f"{text!r} is outside the dates a journal holds", param_hint=option
         ) from exc
+
+
+def name_or_fail(value: str | None, option: str) -> None:
+    """A filter or key an option gives (a flow id, a version, a tenant) must be a name the
+    journal can hold: a NUL or a control character is a usage error here, not a driver
+    error later."""
+    if value is None:
+        return
+    problem = name_problem(value)
+    if problem is not None:
+        raise click.BadParameter(f"{value!r} {problem}", param_hint=option)

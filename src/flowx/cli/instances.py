@@ -172,6 +172,13 @@ def _query(
     until: str | None,
     **page: Any,
 ) -> InstanceQuery:
+    for option, value in (
+        ("--flow", flow_id),
+        ("--version", flow_version),
+        ("--tenant", tenant),
+        ("--parent", parent),
+    ):
+        inputs.name_or_fail(value, option)
     return InstanceQuery(
         flow_id=flow_id,
         state=InstanceState(next(s for s in InstanceState if s.value.lower() == state.lower()))

@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from flowx.cli import inputs
 from flowx.cli.app import db_option, leases_option, output_option
 from flowx.cli.connect import command_host, open_stores
 from flowx.cli.exits import fail, run
@@ -90,6 +91,8 @@ def _keep(text: str) -> timedelta | None:
 def set_(flow_id: str, state_class: str, keep: str, db: str, output: str) -> None:
     """Set how long instances of a flow ending in a class are kept. Takes effect at the next
     sweep, on every node."""
+    if flow_id != "*":
+        inputs.name_or_fail(flow_id, "--flow")
     if state_class == "OutboxPublished" and flow_id != "*":
         fail(RequestInvalid("published events are kept per journal, not per flow: --flow '*'"))
     try:
