@@ -357,8 +357,6 @@ class OutboxPurge:
     held_back: int
 
 
-#: The modes of ``StopRequest``: cancel compensates what finished, terminate does not.
-STOP_MODES = ("cancel", "terminate")
 #: The inbox name a stop request is journaled under (one row per mode: its key is the mode).
 STOP_SIGNAL = "flowx.stop"
 
@@ -416,11 +414,6 @@ class StopReceipt:
 #: The retention classes of ``retention_policy.state_class`` (R2.13). ``Failed`` covers every
 #: end but ``Completed``: Failed, TimedOut, CompensationFailed, Cancelled and Terminated.
 RETENTION_CLASSES = ("Completed", "Failed", "Suspended", "OutboxPublished")
-
-
-def retention_class(state: InstanceState) -> str:
-    """The ``retention_policy.state_class`` an ended instance is kept under."""
-    return "Completed" if state is InstanceState.COMPLETED else "Failed"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
