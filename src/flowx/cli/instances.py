@@ -34,7 +34,7 @@ from flowx.hosting.stores import from_url
 from flowx.hosting.worker import load_flows
 from flowx.plan.model import Plan
 from flowx.stores.protocols import InstanceQuery
-from flowx.stores.records import ArchivedInstance, InstanceRecord, InstanceState, StepRecord
+from flowx.stores.records import ArchivedInstance, InstanceRecord, InstanceState
 
 
 def _refuse_unstartable(plan: Plan, value: object) -> None:
@@ -279,26 +279,24 @@ def show(instance_id: str, db: str, output: str, flows: tuple[str, ...]) -> None
     """
     plans = plans_or_fail(flows) if flows else []
 
-    async def main() -> tuple[InstanceRecord, list[StepRecord], ArchivedInstance | None]:
+    async def main() -> ArchivedInstance:
         async with open_stores(db, create=False) as stores:
-            record = await stores.journal.get(instance_id)
-            if record is None:
-                raise InstanceNotFound(instance_id)
-            steps = list(await stores.journal.steps(instance_id))
-            found = await stores.retention.contents([record.instance_id])
-            return record, steps, found[0] if found else None
+            # Everything the journal holds of it, in one read (one snapshot on PostgreSQL).
+            found = await stores.retention.contents([instance_id])
+        if not found:
+            raise InstanceNotFound(instance_id)
+        return found[0]
 
-    record, steps, everything = run(main())
+    everything = run(main())
+    record, steps = everything.instance, list(everything.steps)
     taken = taken_signals(steps)
     doc = {
         "instance": instance_dict(record),
         "steps": [step_dict(s) for s in steps],
         "waiting": waiting_dict(waiting_for(record, steps, plans)),
         "parent": parent_dict(record),
-        "signals": [
-            signal_dict(s, taken=s.seq in taken) for s in (everything.signals if everything else ())
-        ],
-        "events": [outbox_dict(e) for e in (everything.events if everything else ())],
+        "signals": [signal_dict(s, taken=s.seq in taken) for s in everything.signals],
+        "events": [outbox_dict(e) for e in everything.events],
     }
     if output == "json":
         emit_json(doc)
