@@ -82,11 +82,15 @@ def test_doctor_of_a_journal_at_an_older_schema_names_the_migration(db: str) -> 
     assert invoke("migrate", "--db", db)[0] == 0
     conn = sqlite3.connect(path)
     with conn:
-        conn.execute("DELETE FROM flowx_schema_migrations WHERE version = 10")
+        (latest,) = conn.execute("SELECT max(version) FROM flowx_schema_migrations").fetchone()
+        conn.execute("DELETE FROM flowx_schema_migrations WHERE version = ?", (latest,))
     conn.close()
     code, out, err = invoke("doctor", "--db", db, "-o", "json")
     assert code == 1, err
     doc = json.loads(out)
     [problem] = doc["problems"]
-    assert "is at schema 9, this FlowX needs 10" in problem and "flowx migrate" in problem
+    assert (
+        f"is at schema {latest - 1}, this FlowX needs {latest}" in problem
+        and "flowx migrate" in problem
+    )
     assert doc["settings"]["lease_ttl"] == 30.0

@@ -292,6 +292,9 @@ def test_a_dry_run_says_what_would_rerun_and_writes_nothing(db: str, faults: Pat
         "step_id": 1,
         "scope": "",
         "reruns": ["undo cli.reserve"],
+        "undo": [],
+        "kept": [],
+        "deadline_at": None,
         "dry_run": True,
         "final_state": None,
         "error": None,
@@ -387,6 +390,60 @@ def test_a_forward_replay_that_fails_again_exits_1(db: str, faults: Path) -> Non
     assert data["error"]["message"] == "mail relay down"
     assert "ended Failed again" in err
     assert [r.attempt for r in rows_of(db, iid) if r.step_name == "cli.notify"] == [1, 2]
+
+
+def test_a_cancelled_instance_replays_forward_from_a_chosen_step(db: str) -> None:
+    """``flowx replay --from`` on a Cancelled instance: the step before the chosen one keeps
+    its result, the rest re-run, and the instance waits again for its signal."""
+    iid = suspended(db)
+    assert flowx_(db, "cancel", iid, "--reason", "customer asked")[0] == 0
+    assert record_of(db, iid).state is InstanceState.CANCELLED
+    code, out, err = flowx_(db, "replay", "--instance", iid, "--from", "cli.notify")
+    assert code == 4 and out == ""
+    assert "before it is where the instance stopped" in err and "replay --from" in err
+    reserves = wait_flows.calls("reserve")
+    code, out, err = flowx_(db, "replay", "--instance", iid, "--from", "2", "-o", "json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert (data["mode"], data["state"], data["final_state"]) == (
+        "forward",
+        "Cancelled",
+        "Suspended",
+    )
+    assert (data["kept"], data["undo"]) == (["cli.reserve"], [])
+    assert data["reruns"][-1] == "cli.notify" and len(data["reruns"]) == 2
+    assert wait_flows.calls("reserve") == reserves  # kept, not re-run
+    record = record_of(db, iid)
+    assert (record.state, record.stop_request, record.replay_from) == (
+        InstanceState.SUSPENDED,
+        None,
+        2,
+    )
+
+
+def test_a_bad_deadline_is_a_usage_error_and_a_deadline_is_refused_where_it_means_nothing(
+    db: str, faults: Path
+) -> None:
+    iid = compensation_failed(db, faults)
+    code, out, err = flowx_(
+        db,
+        "replay",
+        "--instance",
+        iid,
+        "--from",
+        "cli.reserve",
+        "--deadline",
+        "soon",
+        "-o",
+        "json",
+    )
+    assert code == 2 and "--deadline" in err and "1h30m" in err
+    assert json.loads(out)["error"]["exit"] == 2
+    code, _, err = flowx_(
+        db, "replay", "--instance", iid, "--from", "cli.reserve", "--deadline", "1h"
+    )
+    assert code == 4 and "a new deadline is for replaying" in err
+    assert record_of(db, iid).state is InstanceState.COMPENSATION_FAILED
 
 
 # -- flowx show ------------------------------------------------------------------------------

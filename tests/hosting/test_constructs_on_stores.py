@@ -2,7 +2,8 @@
 
 The engine tests (``tests/engine/test_waits.py``, ``test_compensation_failure.py``,
 ``test_sub_flows_and_forks.py``, ``test_saga_edges.py``, ``test_unstorable_values.py``,
-``test_step_timeouts.py``, ``test_cancel_terminate.py``, ``test_quarantine.py``) are
+``test_step_timeouts.py``, ``test_cancel_terminate.py``, ``test_quarantine.py``,
+``test_replay_from_step.py``) are
 written against the ``memory_store`` fixture. Here that fixture is a real SQLite file and a real
 PostgreSQL schema instead, and the same tests run unmodified: a construct that works only in
 memory fails here.
@@ -25,6 +26,8 @@ from tests.engine.test_compensation_failure import *  # noqa: F403
 from tests.engine.test_compensation_failure import _reset as _reset_sagas  # noqa: F401
 from tests.engine.test_quarantine import *  # noqa: F403
 from tests.engine.test_quarantine import _reset as _reset_quarantine  # noqa: F401
+from tests.engine.test_replay_from_step import *  # noqa: F403
+from tests.engine.test_replay_from_step import _reset as _reset_replays  # noqa: F401
 from tests.engine.test_saga_edges import *  # noqa: F403
 from tests.engine.test_saga_edges import _reset as _reset_edges  # noqa: F401
 from tests.engine.test_step_timeouts import *  # noqa: F403

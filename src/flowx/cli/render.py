@@ -236,6 +236,9 @@ def replay_dict(p: ReplayPlan) -> dict[str, Any]:
         "step_id": p.step_id,
         "scope": p.scope,
         "reruns": list(p.reruns),
+        "undo": list(p.undo),
+        "kept": list(p.kept),
+        "deadline_at": p.deadline_at.isoformat() if p.deadline_at else None,
     }
 
 
@@ -404,6 +407,10 @@ def replay_text(doc: dict[str, Any]) -> str:
         "re-runs:" if doc["reruns"] else "re-runs: nothing",
         *(f"  {item}" for item in doc["reruns"]),
     ]
+    if doc["kept"]:
+        lines.append(f"keeps the results of: {', '.join(doc['kept'])}")
+    if doc["deadline_at"] is not None and doc["mode"] == "forward":
+        lines.append(f"deadline: {doc['deadline_at']}")
     if doc["dry_run"]:
         lines.append("dry run: nothing was written")
     elif doc["final_state"] is None:

@@ -4,6 +4,7 @@ what it is asked to."""
 from __future__ import annotations
 
 import sys
+from datetime import timedelta
 
 import click
 
@@ -13,10 +14,12 @@ from flowx.cli.connect import command_host, not_carried, plans_or_fail
 from flowx.cli.exits import EXIT_ERROR, fail, run
 from flowx.cli.render import emit_json, receipt_dict, receipt_text, replay_dict, replay_text
 from flowx.cli.render import payload as decoded
+from flowx.durations import parse_duration
 from flowx.engine.replay_plan import ReplayPlan
 from flowx.errors import (
     FlowNotFound,
     FlowXError,
+    RequestInvalid,
     SignalPayloadInvalid,
 )
 from flowx.hosting.host import FlowHost
@@ -100,6 +103,16 @@ def signal(
     click.echo(receipt_text(receipt))
 
 
+def _deadline(text: str | None) -> timedelta | None:
+    """``--deadline``: a duration from now, or a usage error saying how to write one."""
+    if text is None:
+        return None
+    try:
+        return parse_duration(text, what="--deadline")
+    except ValueError as exc:
+        fail(RequestInvalid(f"{exc}; write e.g. 90s, 30m or 1h30m"))
+
+
 def _replay_ok(mode: str, state: InstanceState) -> bool:
     """Whether a replay that ended in ``state`` did what it was for."""
     if state in (InstanceState.COMPENSATION_FAILED, InstanceState.QUARANTINED):
@@ -115,7 +128,13 @@ def _replay_ok(mode: str, state: InstanceState) -> bool:
     "from_step",
     required=True,
     metavar="STEP",
-    help="The step where the instance stopped (its name, or its numeric step id).",
+    help="The step to re-run from (its name, or its numeric step id).",
+)
+@click.option(
+    "--deadline",
+    default=None,
+    metavar="DURATION",
+    help="A new deadline, from now (90s, 1h30m): needed to replay a TimedOut instance.",
 )
 @click.option("--dry-run", is_flag=True, help="Only say what would re-run; write nothing.")
 @click.option(
@@ -131,6 +150,7 @@ def _replay_ok(mode: str, state: InstanceState) -> bool:
 def replay(
     instance_id: str,
     from_step: str,
+    deadline: str | None,
     dry_run: bool,
     wait: bool,
     flows: tuple[str, ...],
@@ -138,17 +158,20 @@ def replay(
     leases: str | None,
     output: str,
 ) -> None:
-    """Re-run a failed instance once its fault is fixed, never rewriting its history.
+    """Re-run a stopped instance once its fault is fixed, never rewriting its history.
 
-    CompensationFailed: the compensations still owed re-run, from the one that ran out.
-    Failed with no compensation begun: the failed step re-runs and the flow goes on.
-    Quarantined (its journal did not match its plan): it resumes where it stopped, once
-    --flows carries the code it was started with. Every
-    try is a new attempt row. Exits 4 when the instance cannot be replayed (or --from is not
-    where it stopped: the message names the right step), 3 if there is no such instance, and
-    1 when a --wait replay ends CompensationFailed again or, forward, Failed again.
+    Failed, TimedOut (with --deadline), Cancelled or Terminated: re-runs from --from, any
+    step up to where it stopped. Steps before it keep their results; effects of it and later
+    steps that still stand are undone first by their compensations; then they run again,
+    each under a new idempotency key. CompensationFailed: the compensations still owed
+    re-run, from the one that ran out. Quarantined (its journal did not match its plan): it
+    resumes where it stopped, once --flows carries the code it was started with. Every try
+    is a new attempt row. Exits 4 when the instance cannot be replayed from --from (the
+    message names where it can), 3 if there is no such instance, 2 for a bad --deadline,
+    and 1 when a --wait replay ends CompensationFailed again or, forward, Failed again.
     """
     plans = plans_or_fail(flows)
+    new_deadline = _deadline(deadline)
     # isdigit() is true of '²' too, which int() refuses: only ASCII digits are a step id.
     numeric = from_step.isascii() and from_step.isdigit()
     target: str | int = int(from_step) if numeric else from_step
@@ -162,12 +185,15 @@ def replay(
                 await stores.open()
                 host = command_host(stores, plans)
                 try:
-                    return await host.replay(instance_id, target, dry_run=dry_run), None
+                    planned = await host.replay(
+                        instance_id, target, dry_run=dry_run, deadline=new_deadline
+                    )
+                    return planned, None
                 except FlowNotFound as exc:
                     raise not_carried(exc, flows, plans) from exc
             async with command_host(stores, plans) as host:
                 try:
-                    planned = await host.replay(instance_id, target)
+                    planned = await host.replay(instance_id, target, deadline=new_deadline)
                 except FlowNotFound as exc:
                     raise not_carried(exc, flows, plans) from exc
                 await host.wait_idle()

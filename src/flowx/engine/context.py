@@ -32,6 +32,8 @@ class StepAttempt:
     step_id: int
     step_name: str
     attempt: int
+    #: How many times a replay has re-run this step after it succeeded (``history.py``).
+    generation: int = 0
 
 
 class StepContext:
@@ -53,6 +55,7 @@ class StepContext:
         self.step_id = where.step_id
         self.step_name = where.step_name
         self.attempt = where.attempt
+        self._generation = where.generation
         #: In a compensation: the result the compensated step returned (decoded JSON).
         self.step_result = step_result
         self.compensating = compensating
@@ -67,10 +70,13 @@ class StepContext:
 
         Pass it to whatever performs the effect (a payment gateway's Idempotency-Key header)
         so that a re-execution after a crash is recognised downstream. A compensation has a
-        key of its own.
+        key of its own. A step an operator re-ran with ``flowx replay --from`` after it had
+        succeeded is a new request, so it has a new key (``…/g1``, ``…/g2``), as does its
+        compensation.
         """
+        generation = f"/g{self._generation}" if self._generation else ""
         suffix = ":compensate" if self.compensating else ""
-        return f"{self.instance_id}/{self.scope}/{self.step_id}{suffix}"
+        return f"{self.instance_id}/{self.scope}/{self.step_id}{generation}{suffix}"
 
     def _draw(self, kind: str, fresh: Any) -> Any:
         with self._lock:

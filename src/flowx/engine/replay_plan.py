@@ -1,33 +1,48 @@
 """What ``flowx replay --instance ID --from STEP`` would re-run, decided from the journal alone.
 
 A replay never rewrites history (R2.2): it re-arms the instance (``WaitStore.rearm``) so that
-failures journaled before that point stop counting against retry budgets, and the ordinary
-step loop does the rest, journaling every try as a new attempt. Only two shapes are
-replayable, because only for them is "run it again" unambiguous:
+rows journaled before that point stop counting, and the ordinary step loop does the rest,
+journaling every try as a new attempt. Three shapes are replayable:
 
-* ``CompensationFailed``: the compensations still owed are run again, newest first, starting
-  with the one that ran out. Compensations that succeeded stay done.
-* ``Failed`` with no compensation begun: the failed step is run again with a fresh budget,
-  and the flow goes on from there. (Once a compensation has run, the effects are being
-  undone; re-running forward would redo half of them — start a new instance instead.)
-* ``Quarantined`` (its journal did not match its plan): it resumes from where it stopped,
-  once the code it was started with runs again. Nothing failed, so nothing re-runs that
-  had finished.
+* ``forward`` — a ``Failed``, ``TimedOut``, ``Cancelled`` or ``Terminated`` instance re-runs
+  from a chosen step: that step and every later one run again, with fresh retry budgets; the
+  steps before it keep their journaled results. Effects of the re-run steps that still stand (they
+  succeeded and nothing undid them) are undone first, newest first, by their compensations;
+  a step with none is simply run again. The chosen step may not come after where the
+  instance stopped, nor after a step whose effect the end of the instance undid (that step
+  must run again too), nor before a sub-flow that started its child (the child is an
+  instance of its own: replay it instead). A timed-out instance needs a new deadline. A
+  forward replay whose undo ran out (``CompensationFailed``) is replayed forward again.
+* ``compensation`` — a ``CompensationFailed`` instance re-runs the compensations still owed,
+  newest first, starting with the one that ran out. Compensations that succeeded stay done.
+* ``resume`` — a ``Quarantined`` instance (its journal did not match its plan) resumes from
+  where it stopped, once the code it was started with runs again. Nothing re-runs that had
+  finished.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Literal
 
-from flowx.engine.history import journal_order
+from flowx.engine.history import History, journal_order
 from flowx.engine.saga import compensable, compensation_order
 from flowx.errors import IllegalState
 from flowx.plan.model import Node, Plan, StepNode, SubFlowNode, walk
 from flowx.stores.records import InstanceRecord, InstanceState, Outcome, StepRecord
 
 ReplayMode = Literal["compensation", "forward", "resume"]
+
+#: The states a replay can re-run forward from a chosen step. A terminated instance undid
+#: nothing, so its replay undoes the effects of the steps it re-runs first.
+FORWARD_STATES = (
+    InstanceState.FAILED,
+    InstanceState.TIMED_OUT,
+    InstanceState.CANCELLED,
+    InstanceState.TERMINATED,
+)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -42,6 +57,13 @@ class ReplayPlan:
     scope: str
     #: What will run, in order: compensations as ``"undo <step>"``, forward steps by name.
     reruns: tuple[str, ...]
+    #: A forward replay: the standing effects undone before anything re-runs, newest first,
+    #: as ``"undo <step>"`` (also at the head of ``reruns``).
+    undo: tuple[str, ...] = ()
+    #: A forward replay: the steps whose journaled results are kept, in plan order.
+    kept: tuple[str, ...] = ()
+    #: The deadline the instance runs under once replayed (``None``: none).
+    deadline_at: datetime | None = None
 
 
 def _illegal(message: str) -> IllegalState:
@@ -49,86 +71,38 @@ def _illegal(message: str) -> IllegalState:
 
 
 def plan_replay(
-    plan: Plan, record: InstanceRecord, steps: Sequence[StepRecord], from_step: str | int
+    plan: Plan,
+    record: InstanceRecord,
+    steps: Sequence[StepRecord],
+    from_step: str | int,
+    *,
+    now: datetime,
+    deadline: datetime | None = None,
 ) -> ReplayPlan:
-    """Check that ``from_step`` is where the instance stopped, and list what would re-run."""
+    """Check that the instance can be replayed from ``from_step``, and list what would
+    re-run (``deadline``: the new one, for a forward replay)."""
     names = {n.step_id: n for n in walk(plan.body)}
     wanted = names.get(from_step) if isinstance(from_step, int) else plan.node_named(from_step)
     if wanted is None:
         known = ", ".join(n.name for n in walk(plan.body))
         raise _illegal(f"{plan.ref} has no step {from_step!r} (its steps: {known})")
-    comp_rows = [
-        r for r in steps if r.outcome in (Outcome.COMPENSATED, Outcome.COMPENSATION_FAILURE)
-    ]
+    forward = record.state in FORWARD_STATES or (
+        record.state is InstanceState.COMPENSATION_FAILED and record.replay_from is not None
+    )
+    if deadline is not None and not forward:
+        raise _illegal(
+            f"instance {record.instance_id} is {record.state.value}: a new deadline is for "
+            "replaying a Failed, TimedOut, Cancelled or Terminated instance forward"
+        )
+    if forward:
+        return _forward(plan, record, steps, wanted, now=now, deadline=deadline)
     if record.state is InstanceState.COMPENSATION_FAILED:
-        last = next((r for r in reversed(steps) if r.outcome is Outcome.COMPENSATION_FAILURE), None)
-        if last is None:  # a compensation exhausted with no row: impossible, but say so
-            raise _illegal(f"instance {record.instance_id} has no failed compensation to replay")
-        if wanted.step_id != last.step_id:
-            raise _illegal(
-                f"instance {record.instance_id} stopped compensating at step "
-                f"{last.step_name!r}; replay --from {last.step_name!r}"
-            )
-        undone = {(r.scope, r.step_id) for r in steps if r.outcome is Outcome.COMPENSATED}
-        # What a real run's compensation would undo, in the order it would: the same
-        # ``compensable`` and ``compensation_order`` (``engine/saga.py``).
-        done = compensation_order(
-            (
-                r
-                for r in steps
-                if r.outcome is Outcome.SUCCESS
-                and isinstance(node := names.get(r.step_id), StepNode | SubFlowNode)
-                and compensable(node)
-                and (r.scope, r.step_id) not in undone
-            ),
-            journal_order,
-        )
-        return ReplayPlan(
-            instance_id=record.instance_id,
-            state=record.state,
-            mode="compensation",
-            step=last.step_name,
-            step_id=last.step_id,
-            scope=last.scope,
-            reruns=tuple(
-                f"undo {r.step_name}" + (f" [{r.scope}]" if r.scope else "") for r in done
-            ),
-        )
-    if record.state is InstanceState.FAILED:
-        if comp_rows:
-            raise _illegal(
-                f"instance {record.instance_id} has already compensated; a forward replay "
-                "would redo half-undone effects. Start a new instance instead"
-            )
-        last = next((r for r in reversed(steps) if r.outcome is Outcome.FAILURE), None)
-        if last is None or not isinstance(names.get(last.step_id), StepNode):
-            raise _illegal(
-                f"instance {record.instance_id} did not fail in a step (a wait, a sub-flow or "
-                "the flow deadline ended it); only a failed step can be replayed"
-            )
-        if wanted.step_id != last.step_id:
-            raise _illegal(
-                f"instance {record.instance_id} failed at step {last.step_name!r}; replay "
-                f"--from {last.step_name!r}"
-            )
-        ran = {r.step_id for r in steps if r.outcome is Outcome.SUCCESS}
-        after = [
-            n.name for n in walk(plan.body) if n.step_id >= last.step_id and n.step_id not in ran
-        ]
-        return ReplayPlan(
-            instance_id=record.instance_id,
-            state=record.state,
-            mode="forward",
-            step=last.step_name,
-            step_id=last.step_id,
-            scope=last.scope,
-            reruns=tuple(after),
-        )
+        return _compensation(plan, record, steps, wanted)
     if record.state is InstanceState.QUARANTINED:
         return _resume(plan, record, steps, wanted)
     raise _illegal(
-        f"instance {record.instance_id} is {record.state.value}; only CompensationFailed, "
-        "Failed and Quarantined instances can be replayed"
+        f"instance {record.instance_id} is {record.state.value}; only Failed, TimedOut, "
+        "Cancelled, Terminated, CompensationFailed and Quarantined instances can be replayed"
     )
 
 
@@ -152,4 +126,112 @@ def _resume(
         step_id=frontier.step_id,
         scope="",
         reruns=tuple(n.name for n in left),
+    )
+
+
+def _forward(
+    plan: Plan,
+    record: InstanceRecord,
+    steps: Sequence[StepRecord],
+    wanted: Node,
+    *,
+    now: datetime,
+    deadline: datetime | None,
+) -> ReplayPlan:
+    """A forward replay from ``wanted``: the journal as the re-run will see it (the same
+    ``History`` index, so this listing and the run cannot drift), checked and listed."""
+    iid, first = record.instance_id, wanted.step_id
+    view = History(plan, iid, steps, record.next_sequence, first)
+    nodes = list(walk(plan.body))
+    by_id = {n.step_id: n for n in nodes}
+    earlier = [(key, a) for key, a in view.attempts.items() if key[1] < first]
+    # Where the instance stopped (a step that failed, timed out or was cancelled with no
+    # success after), and steps whose effect its end undid: both must run again.
+    must_rerun = sorted(
+        key[1] for key, a in earlier if a.undoing or (a.success is None and a.failures)
+    )
+    if must_rerun:
+        name = by_id[must_rerun[0]].name
+        raise _illegal(
+            f"instance {iid} cannot be replayed from {wanted.name!r}: step {name!r} before it "
+            f"{_why_rerun(view, must_rerun[0])}, so it must run again too; replay --from "
+            f"{name!r} (or an earlier step)"
+        )
+    for key, a in view.attempts.items():
+        node = by_id.get(key[1])
+        if key[1] >= first and isinstance(node, SubFlowNode) and a.last_attempt:
+            raise _illegal(
+                f"instance {iid} cannot be replayed from {wanted.name!r}: sub-flow "
+                f"{node.name!r} after it has started its child instance, which would not run "
+                "again; replay the child, or replay this instance from a step after the "
+                "sub-flow"
+            )
+    if record.deadline_at is not None and deadline is None and record.deadline_at <= now:
+        raise _illegal(
+            f"instance {iid} passed its deadline ({record.deadline_at.isoformat()}); give "
+            "the replay a new one (--deadline 1h, or deadline= in the API)"
+        )
+    undo = tuple(
+        f"undo {row.step_name}" + (f" [{row.scope}]" if row.scope else "")
+        for key, row in sorted(view.stale(), key=lambda kv: kv[1].sequence, reverse=True)
+        if isinstance(node := by_id.get(key[1]), StepNode | SubFlowNode) and compensable(node)
+    )
+    kept_ids = {key[1] for key, a in earlier if a.success is not None}
+    return ReplayPlan(
+        instance_id=iid,
+        state=record.state,
+        mode="forward",
+        step=wanted.name,
+        step_id=first,
+        scope="",
+        reruns=undo + tuple(n.name for n in nodes if n.step_id not in kept_ids),
+        undo=undo,
+        kept=tuple(n.name for n in nodes if n.step_id in kept_ids),
+        deadline_at=deadline or record.deadline_at,
+    )
+
+
+def _why_rerun(view: History, step_id: int) -> str:
+    """What happened to a step before the chosen one that makes it run again."""
+    undone = any(a.undoing for key, a in view.attempts.items() if key[1] == step_id)
+    return "was undone when the instance ended" if undone else "is where the instance stopped"
+
+
+def _compensation(
+    plan: Plan, record: InstanceRecord, steps: Sequence[StepRecord], wanted: Node
+) -> ReplayPlan:
+    """A ``CompensationFailed`` instance re-runs the compensations still owed, starting with
+    the one that ran out: ``wanted`` must name it."""
+    last = next((r for r in reversed(steps) if r.outcome is Outcome.COMPENSATION_FAILURE), None)
+    if last is None:  # a compensation exhausted with no row: impossible, but say so
+        raise _illegal(f"instance {record.instance_id} has no failed compensation to replay")
+    if wanted.step_id != last.step_id:
+        raise _illegal(
+            f"instance {record.instance_id} stopped compensating at step "
+            f"{last.step_name!r}; replay --from {last.step_name!r}"
+        )
+    # What a real run's compensation would undo, in the order it would: the journal as the
+    # run will index it (the current success of each step, after any earlier replay), and
+    # the same ``compensable`` and ``compensation_order`` (``engine/saga.py``).
+    view = History(plan, record.instance_id, steps, record.next_sequence)
+    nodes = {n.step_id: n for n in walk(plan.body)}
+    owed = compensation_order(
+        (
+            a.success
+            for key, a in view.attempts.items()
+            if a.success is not None
+            and not a.compensated
+            and isinstance(node := nodes.get(key[1]), StepNode | SubFlowNode)
+            and compensable(node)
+        ),
+        journal_order,
+    )
+    return ReplayPlan(
+        instance_id=record.instance_id,
+        state=record.state,
+        mode="compensation",
+        step=last.step_name,
+        step_id=last.step_id,
+        scope=last.scope,
+        reruns=tuple(f"undo {r.step_name}" + (f" [{r.scope}]" if r.scope else "") for r in owed),
     )

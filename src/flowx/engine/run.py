@@ -84,7 +84,9 @@ class Run:
         # Every takeover without a step commit in between is counted by the journal; past
         # the limit, the step about to run is failed instead of run again (R4.3).
         self.poisoned = spec.resume_count > spec.max_resumes
-        self.history = History(plan, spec.instance_id, spec.history, spec.replay_sequence)
+        self.history = History(
+            plan, spec.instance_id, spec.history, spec.replay_sequence, spec.replay_from
+        )
         # The last body node's success commit also completes the instance: one write fewer
         # per flow on the hot path, and no window in which the last step is in but the
         # instance is not yet Completed.
@@ -318,6 +320,7 @@ class Run:
             step_id=node.step_id,
             step_name=node.name,
             attempt=attempt,
+            generation=self.history.of((scope, node.step_id)).generation,
         )
         return StepContext(where, self.clock, **kw)
 

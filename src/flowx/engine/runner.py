@@ -18,6 +18,7 @@ Here: the dispatcher over node kinds (``engine/nodes``), and what each way of st
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from datetime import datetime
@@ -44,6 +45,7 @@ from flowx.plan.model import (
     StepNode,
     SubFlowNode,
 )
+from flowx.plan.model import walk as walk_plan
 from flowx.stores.records import InstanceState, Outcome
 
 __all__ = [
@@ -113,12 +115,17 @@ class Execution:
     def __init__(self, spec: RunSpec, ports: RunPorts) -> None:
         self.plan = spec.plan
         self.instance_id = spec.instance_id
+        self._spec = spec
+        self._ports = ports
         self._run = Run(spec, ports, _walk)
 
     async def run(self) -> RunResult:
         """Run to the end, to a wait, or until this node loses the right to write."""
         try:
             try:
+                undo_failed = await self._undo_superseded()
+                if undo_failed is not None:
+                    return undo_failed
                 await _walk(self._run, self.plan.body, "", None, False)
             except Halt as halt:
                 if halt.kind not in ENDING:
@@ -153,6 +160,66 @@ class Execution:
                 "instance %s: aborting without compensation: %s", self.instance_id, halt.reason
             )
             return self._result("aborted", abort_reason=halt.reason)
+
+    async def _undo_superseded(self) -> RunResult | None:
+        """A replay from a chosen step (``flowx replay --from``): before anything re-runs,
+        undo the effects still standing of that step and later ones, newest first, as the
+        run that made them would have (``None``: nothing left to undo, or all undone).
+
+        The compensation needs each step's argument and result as they were, so it runs in
+        a run that sees the journal as it was before the replay (every success current, its
+        state replayed up to where the instance stopped) and may run nothing forward. Its
+        rows are compensations of superseded successes, so the re-run does not count them
+        (``history.py``); a crash here resumes the undo from the rows. A compensation that
+        runs out ends the instance ``CompensationFailed``, as any other would."""
+        run = self._run
+        if self._spec.replay_from is None:  # every run but a replay's: nothing to look at
+            return None
+        stale = run.history.stale()
+        if not stale:
+            return None
+        nodes = {n.step_id: n for n in walk_plan(self.plan.body)}
+        keys = {
+            key
+            for key, row in stale
+            if isinstance(node := nodes.get(row.step_id), StepNode | SubFlowNode)
+            and compensable(node)
+        }
+        if not keys:
+            return None
+        before = Run(
+            dataclasses.replace(self._spec, replay_from=None, undo=True), self._ports, _walk
+        )
+        try:
+            await _walk(before, self.plan.body, "", None, False)
+        except Halt as halt:
+            if halt.kind not in ENDING or halt.kind is HaltKind.STOPPED:
+                raise
+            # The walk reached where the instance had stopped: every finished step is known.
+        error = error_payload(
+            FlowXError(
+                f"{self.plan.ref}: undoing what the steps being replayed had done",
+                code="replay.undo_failed",
+            ),
+            retryable=False,
+        )
+        ended = await compensate(before, error, only=lambda d: (d.scope, d.node.step_id) in keys)
+        run.executed += before.executed
+        if ended is None:
+            run.history.numbered_past(before.history)
+            return None
+        alert, sealed = ended
+        error = {**error, "compensation": alert.as_dict()}
+        if not sealed:
+            await before.transition(InstanceState.COMPENSATION_FAILED, error=error)
+        return RunResult(
+            outcome="compensation_failed",
+            state_bag=codec.dumps(before.state),
+            error=error,
+            executed=run.executed,
+            replayed=before.replayed,
+            alert=alert,
+        )
 
     async def hand_back(self) -> bool:
         """After this run was cut mid-step (a drain's budget ran out): hand the instance back

@@ -112,14 +112,19 @@ def _undo_of(run: Run, done: Done) -> tuple[Undo, Retry] | None:
     return None
 
 
-async def compensate(run: Run, error: dict[str, Any]) -> tuple[CompensationAlert, bool] | None:
-    """Undo completed steps newest first. Every attempt is a journal row.
+async def compensate(
+    run: Run, error: dict[str, Any], *, only: Callable[[Done], bool] | None = None
+) -> tuple[CompensationAlert, bool] | None:
+    """Undo completed steps newest first (those ``only`` picks, if given: a replay from a
+    chosen step undoes that step and later ones). Every attempt is a journal row.
 
     ``None`` when all are undone; otherwise the alert for the one that ran out, and
     whether its last attempt's commit already ended the instance: that row, the
     ``CompensationFailed`` transition and the alert event are one write, so the alert is
     durable exactly when the instance is terminal."""
     for done in compensation_order(run.history.done, lambda d: d.order):
+        if only is not None and not only(done):
+            continue
         undo = _undo_of(run, done)
         if undo is None:
             continue

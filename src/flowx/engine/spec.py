@@ -41,6 +41,9 @@ class RunSpec:
     last_wake: Wake | None = None
     #: ``flowx replay``: rows before this sequence stop counting against retry budgets.
     replay_sequence: int | None = None
+    #: ``flowx replay --from STEP`` re-running forward: that step and later ones re-run
+    #: (their earlier rows are superseded, ``engine/history.py``).
+    replay_from: int | None = None
     #: A sub-flow child: its terminal commit wakes its parent.
     is_child: bool = False
     state: InstanceState | None = None
@@ -78,6 +81,7 @@ class RunSpec:
             deadline_at=record.deadline_at,
             last_wake=last_wake,
             replay_sequence=record.replay_sequence,
+            replay_from=record.replay_from,
             is_child=record.parent_instance_id is not None,
             state=record.state,
         )

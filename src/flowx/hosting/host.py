@@ -17,6 +17,7 @@ import os
 import socket
 import uuid
 from collections.abc import Iterable
+from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any
 
@@ -25,7 +26,7 @@ from pydantic import BaseModel
 from flowx.capability import CapabilityRegistry, default_registry
 from flowx.clock import Clock, SystemClock
 from flowx.engine import admission
-from flowx.engine.replay_plan import ReplayPlan, plan_replay
+from flowx.engine.replay_plan import ReplayPlan
 from flowx.engine.runner import RunResult
 from flowx.errors import (
     FlowXError,
@@ -33,7 +34,7 @@ from flowx.errors import (
     InstanceNotFound,
     SettingsError,
 )
-from flowx.hosting import stopping
+from flowx.hosting import replaying, stopping
 from flowx.hosting.alerts import AlertSink, LoggingAlertSink
 from flowx.hosting.archive import Archiver
 from flowx.hosting.catalog import PlanCatalog
@@ -396,26 +397,33 @@ class FlowHost:
         return receipt
 
     async def replay(
-        self, instance_id: str, from_step: str | int, *, dry_run: bool = False
+        self,
+        instance_id: str,
+        from_step: str | int,
+        *,
+        dry_run: bool = False,
+        deadline: datetime | timedelta | None = None,
     ) -> ReplayPlan:
-        """Re-run a failed instance after its fault is fixed (SPEC §8): ``flowx replay``.
+        """Re-run a stopped instance after its fault is fixed (SPEC §8): ``flowx replay``.
 
-        A ``CompensationFailed`` instance re-runs its remaining compensations, starting with
-        the one that ran out (``from_step`` must name it). A ``Failed`` instance whose
-        compensation never began re-runs forward from the step that failed (``from_step``
-        must name it). Either way the retry budget starts afresh and every try is journaled as
-        a new attempt; no row is changed or removed. ``dry_run`` only says what would run.
-        Raises ``FlowXError`` with code ``instance.illegal_state`` when the instance cannot
-        be replayed (its state, or a ``from_step`` that is not where it stopped).
+        A ``Failed``, ``TimedOut`` or ``Cancelled`` instance re-runs forward from
+        ``from_step``, any step up to where it stopped: the steps before it keep their
+        journaled results; the effects of that step and later ones that still stand are
+        undone first by their compensations (newest first), then they run again, each as a
+        new request (a new idempotency key). A timed-out instance needs ``deadline`` (a
+        moment, or a duration from now). A ``CompensationFailed`` instance re-runs its
+        remaining compensations, starting with the one that ran out (``from_step`` must name
+        it); a ``Quarantined`` one resumes where it stopped. Retry budgets start afresh and
+        every try is journaled as a new attempt; no row is changed or removed. ``dry_run``
+        only says what would run. Raises ``FlowXError`` with code ``instance.illegal_state``
+        when the instance cannot be replayed from there (the message says from where).
         """
-        stores = self._ctx.require_stores()
         record = await self.get(instance_id)
         plan = self.plan(record.flow_id, record.flow_version)
-        steps = await stores.journal.steps(instance_id)
-        target = plan_replay(plan, record, steps, from_step)
+        target, when = await replaying.planned(self._ctx, plan, record, from_step, deadline)
         if dry_run:
             return target
-        await self._runner.rearm(record, target.step_id)
+        await replaying.rearm(self._ctx, self._runner, record, target, when)
         log.info(
             "instance %s re-armed for a replay from %r (%s): %s",
             instance_id,

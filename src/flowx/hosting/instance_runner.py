@@ -24,7 +24,6 @@ from flowx.engine.runner import Execution, RunPorts, RunResult, RunSpec
 from flowx.errors import (
     CapabilityVersionMissing,
     FlowXError,
-    IllegalState,
     NonDeterminismError,
 )
 from flowx.hosting import stopping
@@ -273,34 +272,6 @@ class InstanceRunner:
                 f"undoing child instance {child_id} stopped ({result.outcome}); trying again",
                 code="sub_flow.child_busy",
             )
-
-    async def rearm(self, record: InstanceRecord, from_step: int) -> None:
-        """Re-arm a failed instance for ``flowx replay`` under its lease; the caller resumes
-        it after. Refused when another node holds it or it moved since it was read."""
-        stores = self._ctx.require_stores()
-        instance_id = record.instance_id
-        ending = self.tasks.get(instance_id)
-        if ending is not None:
-            # This node's own run of it has given its outcome and is releasing its lease:
-            # wait for that rather than refuse (never cancelled by this wait).
-            await asyncio.wait([ending])
-        claimed = await self.claim(stores, record)
-        if claimed is None:
-            raise FlowXError(
-                f"instance {instance_id} is held by another node right now; retry",
-                code="instance.busy",
-            )
-        durable, current = claimed
-        try:
-            if current.instance.state is not record.state:
-                raise IllegalState(
-                    f"instance {instance_id} moved to {current.instance.state.value} meanwhile"
-                )
-            await stores.waits.rearm(
-                instance_id, token=durable.token, now=self._ctx.clock.now(), from_step=from_step
-            )
-        finally:
-            await durable.release()
 
     async def run_ephemeral(self, plan: Plan, instance_id: str, value: BaseModel) -> RunResult:
         """Run an Ephemeral instance to its end, here and now, with no journal (R2.9)."""

@@ -31,7 +31,7 @@ INSTANCE_COLUMNS: Final = (
     "state_bag_sequence, error, tenant_id, idempotency_key, correlation_id, deadline_at, "
     "parent_instance_id, parent_scope, parent_step_id, resume_count, codec_version, "
     "created_at, updated_at, wake_at, wake_step_id, wake_scope, wake_signal, replay_sequence, "
-    "resume_from_step, stop_request"
+    "resume_from_step, stop_request, replay_from"
 )
 #: The columns a create writes (``FlowJournal.create``); the rest keep their defaults.
 CREATE_COLUMNS: Final = (

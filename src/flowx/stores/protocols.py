@@ -269,12 +269,24 @@ class WaitStore(Protocol):
         ...
 
     async def rearm(
-        self, instance_id: str, *, token: int, now: datetime, from_step: int
+        self,
+        instance_id: str,
+        *,
+        token: int,
+        now: datetime,
+        from_step: int,
+        rerun_from: int | None = None,
+        deadline: datetime | None = None,
     ) -> InstanceRecord:
         """Re-open a finished instance for a replay, fenced: state ``Pending``,
         ``replay_sequence = next_sequence`` (earlier failures stop counting against retry
         budgets), ``resume_from_step = from_step``, ``error`` kept. Writes no step row: the
-        history is never rewritten; what re-runs is journaled as new attempts."""
+        history is never rewritten; what re-runs is journaled as new attempts.
+
+        ``replay_from = rerun_from``: a replay re-running forward from that step (``None``
+        for any other replay); it also clears ``stop_request`` (a cancelled instance replayed
+        is no longer being stopped). ``deadline``, when given, replaces ``deadline_at`` (a
+        timed-out instance needs a new one)."""
         ...
 
 

@@ -126,6 +126,10 @@ class InstanceRecord:
     #: An operator's cancel or terminate, not yet carried out or carried out (R9.4): the
     #: ``StopRequest`` as JSON text, ``None`` when nobody asked the instance to stop.
     stop_request: str | None = None
+    #: A replay re-running forward from a chosen step: that step and every later one re-run,
+    #: and their rows journaled before ``replay_sequence`` no longer count (``None`` for any
+    #: other replay).
+    replay_from: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

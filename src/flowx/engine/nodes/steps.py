@@ -230,7 +230,11 @@ async def emit(run: Run, node: EmitNode, scope: str, item: Any, has_item: bool) 
         await run.write(key, run.row(node, None, scope, attempt, Outcome.FAILURE, error))
         raise Halt.failed(node, scope, error) from exc
     final = scope == "" and node is run.final_node
-    event_id = str(uuid.uuid5(EVENT_NAMESPACE, f"{run.instance_id}/{scope}/{node.step_id}"))
+    # A re-run after a replay (``history.py``) stages a new event, under an id of its own.
+    generation = f"/g{a.generation}" if a.generation else ""
+    event_id = str(
+        uuid.uuid5(EVENT_NAMESPACE, f"{run.instance_id}/{scope}/{node.step_id}{generation}")
+    )
     await run.write(
         key,
         run.row(node, None, scope, attempt, Outcome.SUCCESS, payload),

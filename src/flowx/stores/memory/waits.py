@@ -145,7 +145,14 @@ class MemoryWaits:
         )
 
     async def rearm(
-        self, instance_id: str, *, token: int, now: datetime, from_step: int
+        self,
+        instance_id: str,
+        *,
+        token: int,
+        now: datetime,
+        from_step: int,
+        rerun_from: int | None = None,
+        deadline: datetime | None = None,
     ) -> InstanceRecord:
         record = self._d.fenced(instance_id, token)
         record = dataclasses.replace(
@@ -153,6 +160,9 @@ class MemoryWaits:
             state=InstanceState.PENDING,
             replay_sequence=record.next_sequence,
             resume_from_step=from_step,
+            replay_from=rerun_from,
+            stop_request=record.stop_request if rerun_from is None else None,
+            deadline_at=deadline or record.deadline_at,
             updated_at=now,
         )
         self._d.instances[instance_id] = record

@@ -86,8 +86,10 @@ NEXT_WAKE_CARRIED: Final[LiteralString] = (
 # A replay re-opens the instance; history is untouched. Primary key.
 REARM: Final[LiteralString] = (
     "UPDATE flow_instance SET state = 'Pending', replay_sequence = next_sequence, "
-    "resume_from_step = %(from_step)s, updated_at = %(now)s, version = version + 1 "
-    "WHERE instance_id = %(instance_id)s RETURNING " + INSTANCE_COLUMNS
+    "resume_from_step = %(from_step)s, replay_from = %(rerun_from)s::integer, "
+    "stop_request = CASE WHEN %(rerun_from)s::integer IS NULL THEN stop_request END, "
+    "deadline_at = COALESCE(%(deadline)s::timestamptz, deadline_at), updated_at = %(now)s, "
+    "version = version + 1 WHERE instance_id = %(instance_id)s RETURNING " + INSTANCE_COLUMNS
 )
 
 
@@ -186,12 +188,25 @@ class PostgresWaits:
         return row[0] if row is not None else None
 
     async def rearm(
-        self, instance_id: str, *, token: int, now: datetime, from_step: int
+        self,
+        instance_id: str,
+        *,
+        token: int,
+        now: datetime,
+        from_step: int,
+        rerun_from: int | None = None,
+        deadline: datetime | None = None,
     ) -> InstanceRecord:
         async with self._db.connection() as conn, conn.transaction():
             await _lock_fenced(conn, instance_id, token)
             cur = conn.cursor(row_factory=dict_row)
-            params = {"instance_id": instance_id, "from_step": from_step, "now": now}
+            params = {
+                "instance_id": instance_id,
+                "from_step": from_step,
+                "rerun_from": rerun_from,
+                "deadline": deadline,
+                "now": now,
+            }
             row = await (await cur.execute(REARM, params)).fetchone()
             assert row is not None  # locked above: it cannot have gone
         if self._work is not None:

@@ -97,7 +97,10 @@ NEXT_WAKE_CARRIED: Final = (
 # A replay re-opens the instance; history is untouched. Primary key.
 REARM: Final = (
     "UPDATE flow_instance SET state = 'Pending', replay_sequence = next_sequence, "
-    "resume_from_step = ?, updated_at = ?, version = version + 1 WHERE instance_id = ?"
+    "resume_from_step = :from_step, replay_from = :rerun_from, "
+    "stop_request = CASE WHEN :rerun_from IS NULL THEN stop_request END, "
+    "deadline_at = COALESCE(:deadline, deadline_at), updated_at = :now, "
+    "version = version + 1 WHERE instance_id = :instance_id"
 )
 
 
@@ -221,11 +224,27 @@ class SqliteWaits:
         return await self._db.run(q)
 
     async def rearm(
-        self, instance_id: str, *, token: int, now: datetime, from_step: int
+        self,
+        instance_id: str,
+        *,
+        token: int,
+        now: datetime,
+        from_step: int,
+        rerun_from: int | None = None,
+        deadline: datetime | None = None,
     ) -> InstanceRecord:
         def tx(conn: sqlite3.Connection) -> InstanceRecord:
             _check_fence(conn, instance_id, token)
-            conn.execute(REARM, (from_step, to_text(now), instance_id))
+            conn.execute(
+                REARM,
+                {
+                    "from_step": from_step,
+                    "rerun_from": rerun_from,
+                    "deadline": to_text(deadline) if deadline is not None else None,
+                    "now": to_text(now),
+                    "instance_id": instance_id,
+                },
+            )
             record = read_instance(conn, instance_id)
             assert record is not None  # its fence was read above, under the write lock
             return record

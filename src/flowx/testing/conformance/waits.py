@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from flowx.stores.errors import FencedOut, UnknownInstance
-from flowx.stores.records import CHILD_WAIT, InstanceState, Outcome, StepCommit
+from flowx.stores.records import CHILD_WAIT, InstanceState, Outcome, StepCommit, StopRequest
 from flowx.testing.conformance._support import at, commit, new_id, step
 from flowx.testing.conformance._support import make_instance as _make
 from flowx.testing.conformance._support import suspend_commit as _suspend
@@ -361,6 +361,32 @@ class WaitStoreConformance(SignalConformance):
             (1, Outcome.SUCCESS),
             (2, Outcome.FAILURE),
         ]
+
+    async def test_a_rearm_to_re_run_from_a_step_clears_the_stop_and_sets_the_deadline(
+        self, stores: Any
+    ) -> None:
+        iid = await _make(stores)
+        request = StopRequest(mode="cancel", reason="asked", by="ann", at=at(2))
+        await stores.stops.request_stop(iid, request)
+        await stores.journal.commit(
+            commit(iid, token=1, now=3, state=InstanceState.CANCELLED, error='{"why": "x"}')
+        )
+        await stores.journal.open(iid, token=2, now=at(4))
+        kept = await stores.waits.rearm(iid, token=2, now=at(5), from_step=1)
+        assert (kept.replay_from, kept.deadline_at) == (None, None)
+        assert kept.stop_request is not None  # any other replay keeps it
+        record = await stores.waits.rearm(
+            iid, token=2, now=at(9), from_step=2, rerun_from=2, deadline=at(100)
+        )
+        assert (record.state, record.replay_from, record.resume_from_step) == (
+            InstanceState.PENDING,
+            2,
+            2,
+        )
+        assert (record.stop_request, record.deadline_at) == (None, at(100))
+        assert await stores.journal.get(iid) == record
+        again = await stores.waits.rearm(iid, token=2, now=at(10), from_step=1)
+        assert (again.replay_from, again.deadline_at) == (None, at(100))  # kept when not given
 
     async def test_rearm_is_fenced(self, stores: Any) -> None:
         iid = await _make(stores, token=4)
