@@ -10,6 +10,7 @@ then they run again under new idempotency keys. Every try is a new row; none is 
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from typing import Any
 
@@ -17,12 +18,15 @@ import pytest
 from pydantic import BaseModel
 
 import flowx
+from flowx.engine.runner import child_instance_id
 from flowx.plan.model import walk
+from flowx.stores.protocols import InstanceQuery
 from flowx.stores.records import InstanceState, Outcome
 from flowx.testing import FakeClock
 from tests.engine import kit
 from tests.engine.kit import Ledger, rows_of, until_state
 from tests.engine.kit import fresh_ledgers as _reset  # noqa: F401 - autouse
+from tests.support.polling import until
 
 ledger = Ledger("rr")
 calls, broken = ledger.calls, ledger.broken
@@ -301,3 +305,137 @@ async def test_a_re_run_wait_takes_the_signal_it_took_before(host_factory: Any) 
     taken = [flowx.codec.loads(r.result) for r in rows if r.step_name == "go"]
     assert len(taken) == 2 and taken[0]["seq"] == taken[1]["seq"]
     assert taken[1]["payload"] == {"approved": True}
+
+
+async def test_an_instance_replayed_twice_undoes_and_re_runs_the_current_generation(
+    host_factory: Any,
+) -> None:
+    """Terminated, replayed from charge, terminated again, replayed from reserve: the second
+    replay undoes the charge the first one made (by its result, under its key) and the
+    reservation, then runs both again under keys of a new generation."""
+    plan = order_flow()
+    host = await host_factory(plan)
+    iid = await _waiting(host, plan, "g1")
+    await host.terminate(iid, "stuck", by="ops")
+    await until_state(host, iid, InstanceState.TERMINATED)
+    await host.replay(iid, "rr.charge")
+    await until_state(host, iid, InstanceState.SUSPENDED)
+    await host.terminate(iid, "stuck again", by="ops")
+    await until_state(host, iid, InstanceState.TERMINATED)
+
+    dry = await host.replay(iid, "rr.reserve", dry_run=True)
+    assert dry.undo == ("undo rr.charge", "undo rr.reserve")
+    await host.replay(iid, "rr.reserve")
+    state = await _finish(host, iid)
+    assert (state.reservation, state.payment) == ("R-g1", "P-3")
+    assert refunded == ["P-1", "P-2"]
+    assert (calls["release"], calls["reserve"], calls["charge"], calls["note"]) == (1, 2, 3, 1)
+    charge_key = key_of(plan, iid, "rr.charge")
+    assert keys == [
+        ("charge", charge_key),
+        ("refund", f"{charge_key}:compensate"),
+        ("charge", f"{key_of(plan, iid, 'rr.charge', 1)}"),
+        ("refund", f"{key_of(plan, iid, 'rr.charge', 1)}:compensate"),
+        ("charge", f"{key_of(plan, iid, 'rr.charge', 2)}"),
+    ]
+    attempts = [(r.attempt, r.outcome) for r in await rows_of(host, iid) if r.step_id == 3]
+    assert [a for a, _ in attempts] == sorted({a for a, _ in attempts})  # never reused
+
+
+async def test_a_failing_re_run_then_fails_and_compensates_only_what_it_made(
+    host_factory: Any,
+) -> None:
+    """After a replay from charge, a re-run that fails compensates what is current: the new
+    charge and the kept reservation, each once."""
+    plan = order_flow()
+    host = await host_factory(plan)
+    iid = await _waiting(host, plan, "f2")
+    await host.terminate(iid, "stuck", by="ops")
+    await until_state(host, iid, InstanceState.TERMINATED)
+    broken.add("pack")
+    await host.replay(iid, "rr.charge")
+    await until_state(host, iid, InstanceState.SUSPENDED)
+    await host.signal(iid, "go", {})
+    await until_state(host, iid, InstanceState.FAILED)
+    assert refunded == ["P-1", "P-2"]  # the replay's undo of the first, then the second
+    assert (calls["release"], calls["charge"]) == (1, 2)
+
+
+async def test_an_undo_cut_by_a_drain_is_finished_by_another_node_without_repeating_any(
+    host_factory: Any,
+) -> None:
+    """The replay's undo is journaled step by step: a node drained while undoing hands the
+    instance back, and the node that takes it over undoes only what is left (the refund is
+    not repeated), then re-runs."""
+    plan = order_flow()
+    first = await host_factory(plan)
+    iid = await _waiting(first, plan, "d1")
+    await first.terminate(iid, "stuck", by="ops")
+    await until_state(first, iid, InstanceState.TERMINATED)
+    gate = ledger.gates["release"] = asyncio.Event()
+    await first.replay(iid, "rr.reserve")  # undo charge, then reserve (held at the gate)
+
+    async def releasing() -> bool:
+        return calls["release"] == 1
+
+    await until(releasing, within=5, what="the replay's release under way")
+    await first.drain(timeout=0.05)
+    second = await host_factory(plan)
+    assert (await second.get(iid)).state is InstanceState.PENDING  # handed back
+    assert calls["refund"] == 1
+
+    gate.set()
+    assert await second.resume(iid, queued=True) == "resumed"
+    state = await _finish(second, iid)
+    assert (state.reservation, state.payment) == ("R-d1", "P-2")
+    assert (calls["refund"], calls["release"], calls["reserve"], calls["charge"]) == (1, 2, 2, 2)
+
+
+ship = ledger.capability("ship", non_retryable=True)
+
+
+def parcel_flows() -> tuple[flowx.Plan, flowx.Plan]:
+    """A child that ships (refused while ``ship`` is broken), and a parent: note → the child
+    as a sub-flow → pack."""
+    child = flowx.flow("rr.child", version="1", input=kit.Order).step(ship).build()
+    parent = (
+        flowx.flow("rr.parent", version="1", input=kit.Order, state=OrderState)
+        .step(note)
+        .sub_flow(child, lambda order, state: order)
+        .step(pack)
+        .build()
+    )
+    return child, parent
+
+
+async def test_a_parent_failed_by_its_child_replays_once_the_child_is_replayed(
+    host_factory: Any,
+) -> None:
+    """A sub-flow re-run takes the result of the child it started (found by its derived
+    id): the child is replayed first, then the parent from the sub-flow, and no second
+    child is ever started."""
+    child, parent = parcel_flows()
+    host = await host_factory(parent, child)
+    broken.add("ship")
+    handle = await host.start(parent, kit.Order(order_id="p1"))
+    iid = handle.instance_id
+    await until_state(host, iid, InstanceState.FAILED)
+    sub_flow = names(parent)[1]
+    child_id = child_instance_id(iid, "", parent.node_named(sub_flow).step_id)  # type: ignore[union-attr]
+    assert (await host.get(child_id)).state is InstanceState.FAILED
+
+    with pytest.raises(flowx.IllegalState) as first_the_child:
+        await host.replay(iid, sub_flow)
+    assert f"flowx replay --instance {child_id}" in str(first_the_child.value)
+
+    broken.clear()
+    await host.replay(child_id, "rr.ship")
+    await until_state(host, child_id, InstanceState.COMPLETED)
+    dry = await host.replay(iid, sub_flow, dry_run=True)
+    assert (dry.kept, dry.reruns) == (("rr.note",), (sub_flow, "rr.pack"))
+    await host.replay(iid, sub_flow)
+    await until_state(host, iid, InstanceState.COMPLETED)
+    assert (calls["note"], calls["ship"], calls["pack"]) == (1, 2, 1)
+    assert host.store is not None
+    children = await host.store.catalog.list_instances(InstanceQuery(parent_id=iid))
+    assert [r.instance_id for r in children] == [child_id]  # no second child

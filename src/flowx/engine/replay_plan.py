@@ -10,9 +10,11 @@ journaling every try as a new attempt. Three shapes are replayable:
   succeeded and nothing undid them) are undone first, newest first, by their compensations;
   a step with none is simply run again. The chosen step may not come after where the
   instance stopped, nor after a step whose effect the end of the instance undid (that step
-  must run again too), nor before a sub-flow that started its child (the child is an
-  instance of its own: replay it instead). A timed-out instance needs a new deadline. A
-  forward replay whose undo ran out (``CompensationFailed``) is replayed forward again.
+  must run again too), nor before a sub-flow whose child cannot give a result again (the
+  child is an instance of its own, found again by its derived id: a failed child is replayed
+  first, then the parent re-runs the sub-flow and takes its result). A timed-out instance
+  needs a new deadline. A forward replay whose undo ran out (``CompensationFailed``) is
+  replayed forward again.
 * ``compensation`` — a ``CompensationFailed`` instance re-runs the compensations still owed,
   newest first, starting with the one that ran out. Compensations that succeeded stay done.
 * ``resume`` — a ``Quarantined`` instance (its journal did not match its plan) resumes from
@@ -22,12 +24,13 @@ journaling every try as a new attempt. Three shapes are replayable:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
-from flowx.engine.history import History, journal_order
+from flowx.engine.history import Attempts, History, journal_order
+from flowx.engine.nodes.children import child_instance_id
 from flowx.engine.saga import compensable, compensation_order
 from flowx.errors import IllegalState
 from flowx.plan.model import Node, Plan, StepNode, SubFlowNode, walk
@@ -78,9 +81,11 @@ def plan_replay(
     *,
     now: datetime,
     deadline: datetime | None = None,
+    children: Mapping[str, InstanceState] | None = None,
 ) -> ReplayPlan:
     """Check that the instance can be replayed from ``from_step``, and list what would
-    re-run (``deadline``: the new one, for a forward replay)."""
+    re-run (``deadline``: the new one, for a forward replay; ``children``: the states of
+    the children its sub-flows started, by id — ``sub_flow_children``)."""
     names = {n.step_id: n for n in walk(plan.body)}
     wanted = names.get(from_step) if isinstance(from_step, int) else plan.node_named(from_step)
     if wanted is None:
@@ -95,7 +100,9 @@ def plan_replay(
             "replaying a Failed, TimedOut, Cancelled or Terminated instance forward"
         )
     if forward:
-        return _forward(plan, record, steps, wanted, now=now, deadline=deadline)
+        return _forward(
+            plan, record, steps, wanted, now=now, deadline=deadline, children=children or {}
+        )
     if record.state is InstanceState.COMPENSATION_FAILED:
         return _compensation(plan, record, steps, wanted)
     if record.state is InstanceState.QUARANTINED:
@@ -137,6 +144,7 @@ def _forward(
     *,
     now: datetime,
     deadline: datetime | None,
+    children: Mapping[str, InstanceState],
 ) -> ReplayPlan:
     """A forward replay from ``wanted``: the journal as the re-run will see it (the same
     ``History`` index, so this listing and the run cannot drift), checked and listed."""
@@ -160,12 +168,7 @@ def _forward(
     for key, a in view.attempts.items():
         node = by_id.get(key[1])
         if key[1] >= first and isinstance(node, SubFlowNode) and a.last_attempt:
-            raise _illegal(
-                f"instance {iid} cannot be replayed from {wanted.name!r}: sub-flow "
-                f"{node.name!r} after it has started its child instance, which would not run "
-                "again; replay the child, or replay this instance from a step after the "
-                "sub-flow"
-            )
+            _child_rerunnable(iid, wanted, node, key, a, children)
     if record.deadline_at is not None and deadline is None and record.deadline_at <= now:
         raise _illegal(
             f"instance {iid} passed its deadline ({record.deadline_at.isoformat()}); give "
@@ -188,6 +191,49 @@ def _forward(
         undo=undo,
         kept=tuple(n.name for n in nodes if n.step_id in kept_ids),
         deadline_at=deadline or record.deadline_at,
+    )
+
+
+def _child_rerunnable(
+    iid: str,
+    wanted: Node,
+    node: SubFlowNode,
+    key: tuple[str, int],
+    a: Attempts,
+    children: Mapping[str, InstanceState],
+) -> None:
+    """A sub-flow re-run by a replay finds the child it started (its id is derived from
+    where it starts, so a parent never starts a second one): it can only take that child's
+    result. So the child must have completed — replayed by the operator after it failed —
+    and must not have completed before, as the replay would undo it and then find it undone."""
+    child_id = child_instance_id(iid, key[0], key[1])
+    if a.stale is not None:
+        raise _illegal(
+            f"instance {iid} cannot be replayed from {wanted.name!r}: sub-flow {node.name!r} "
+            f"after it completed its child instance {child_id}, which cannot run again; "
+            "replay this instance from a step after the sub-flow"
+        )
+    state = children.get(child_id)
+    if state is not InstanceState.COMPLETED:
+        ended = state.value if state is not None else "missing from the journal"
+        raise _illegal(
+            f"instance {iid} cannot be replayed from {wanted.name!r}: sub-flow {node.name!r} "
+            f"re-runs by taking the result of its child instance {child_id}, which is "
+            f"{ended}; replay the child first (flowx replay --instance {child_id} --from "
+            "<step>), then this instance"
+        )
+
+
+def sub_flow_children(plan: Plan, instance_id: str, steps: Sequence[StepRecord]) -> list[str]:
+    """The ids of the children this instance's sub-flows started: what a forward replay's
+    check needs the states of (``children`` of ``plan_replay``)."""
+    sub_flows = {n.step_id for n in walk(plan.body) if isinstance(n, SubFlowNode)}
+    return sorted(
+        {
+            child_instance_id(instance_id, r.scope, r.step_id)
+            for r in steps
+            if r.step_id in sub_flows
+        }
     )
 
 

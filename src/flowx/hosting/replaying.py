@@ -10,12 +10,12 @@ from __future__ import annotations
 import asyncio
 from datetime import datetime, timedelta
 
-from flowx.engine.replay_plan import ReplayPlan, plan_replay
+from flowx.engine.replay_plan import ReplayPlan, plan_replay, sub_flow_children
 from flowx.errors import FlowXError, IllegalState, RequestInvalid
 from flowx.hosting.context import NodeContext
 from flowx.hosting.instance_runner import InstanceRunner
 from flowx.plan.model import Plan
-from flowx.stores.records import InstanceRecord
+from flowx.stores.records import InstanceRecord, InstanceState
 
 
 async def planned(
@@ -35,8 +35,17 @@ async def planned(
         raise RequestInvalid(
             f"the replay's deadline {deadline.isoformat()} has already passed; give a later one"
         )
-    steps = await ctx.require_stores().journal.steps(record.instance_id)
-    return plan_replay(plan, record, steps, from_step, now=now, deadline=deadline), deadline
+    journal = ctx.require_stores().journal
+    steps = await journal.steps(record.instance_id)
+    children: dict[str, InstanceState] = {}
+    for child_id in sub_flow_children(plan, record.instance_id, steps):
+        child = await journal.get(child_id)
+        if child is not None:
+            children[child_id] = child.state
+    target = plan_replay(
+        plan, record, steps, from_step, now=now, deadline=deadline, children=children
+    )
+    return target, deadline
 
 
 async def rearm(
