@@ -319,6 +319,7 @@ _STEP_COLUMNS = [
     "capability",
     "duration_ms",
     "committed_at",
+    "node",
     "result",
 ]
 
@@ -342,6 +343,7 @@ def show_text(doc: dict[str, Any], record: InstanceRecord, steps: list[StepRecor
             f"{s['capability_id']}@{s['capability_version']}" if s["capability_id"] else "-",
             s["duration_ms"],
             stamp(s["committed_at"], "milliseconds"),
+            s["node_id"] or "-",
             clip(raw.result),
         )
         for s, raw in zip(doc["steps"], steps, strict=True)

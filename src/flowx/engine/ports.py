@@ -91,3 +91,5 @@ class RunPorts:
     stop: StopWatch | None = None
     #: Told of every step row this run commits (tests and metrics).
     on_step: Callable[[str, StepWrite], None] | None = None
+    #: The node running it, written on every step row (the timeline of ``flowx show``).
+    node_id: str | None = None

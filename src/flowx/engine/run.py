@@ -247,6 +247,7 @@ class Run:
             capability_version=cap.version if cap else None,
             nondeterministic=codec.dumps(drawn) if drawn else None,
             duration_ms=int((time.monotonic() - started) * 1000) if started else 0,
+            node_id=self._ports.node_id,
         )
 
     # -- state and history ----------------------------------------------------------------

@@ -42,7 +42,7 @@ CREATE_COLUMNS: Final = (
 #: Every ``flow_step`` column, in ``StepRecord`` field order; a commit writes all of them.
 STEP_COLUMNS: Final = (
     "instance_id, scope, step_id, attempt, sequence, step_name, outcome, result, "
-    "capability_id, capability_version, nondeterministic, duration_ms, committed_at"
+    "capability_id, capability_version, nondeterministic, duration_ms, committed_at, node_id"
 )
 #: What the recovery scan and the timer read of an instance (``RecoveryCandidate``).
 CANDIDATE_COLUMNS: Final = "instance_id, flow_id, flow_version, state, updated_at"

@@ -146,6 +146,8 @@ class StepWrite:
     capability_version: str | None = None
     nondeterministic: str | None = None
     duration_ms: int = 0
+    #: The node that ran this attempt (``None``: a run with no node, or an older row).
+    node_id: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -165,6 +167,7 @@ class StepRecord:
     nondeterministic: str | None
     duration_ms: int
     committed_at: datetime
+    node_id: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

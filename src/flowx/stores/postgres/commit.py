@@ -54,11 +54,11 @@ WITH inst AS (
 ), step AS (
     INSERT INTO flow_step (instance_id, scope, step_id, attempt, sequence, step_name, outcome,
                            result, capability_id, capability_version, nondeterministic,
-                           duration_ms, committed_at)
+                           duration_ms, committed_at, node_id)
     SELECT %(instance_id)s::uuid, %(scope)s::text, %(step_id)s::int, %(attempt)s::int, ok.seq,
            %(step_name)s::text, %(outcome)s::text, %(result)s::json, %(capability_id)s::text,
            %(capability_version)s::text, %(nondeterministic)s::json, %(duration_ms)s::bigint,
-           ok.now
+           ok.now, %(node_id)s::text
       FROM ok WHERE %(has_step)s
     RETURNING sequence
 ), moved AS (
@@ -111,6 +111,7 @@ def commit_params(commit: StepCommit) -> dict[str, Any]:
         "capability_version": step.capability_version if step else None,
         "nondeterministic": step.nondeterministic if step else None,
         "duration_ms": step.duration_ms if step else None,
+        "node_id": step.node_id if step else None,
         "state_bag": commit.state_bag,
         "state": commit.state.value if commit.state else None,
         "error": commit.error,
@@ -159,10 +160,11 @@ WITH input AS (
         %(outcomes)b::text[], %(results)b::text[], %(capability_ids)b::text[],
         %(capability_versions)b::text[], %(nondeterministic)b::text[],
         %(durations)b::bigint[], %(state_bags)b::text[], %(states)b::text[],
-        %(errors)b::text[], %(nows)b::timestamptz[]
+        %(errors)b::text[], %(nows)b::timestamptz[], %(node_ids)b::text[]
     ) WITH ORDINALITY AS i(instance_id, token, has_step, scope, step_id, attempt, step_name,
                            outcome, result, capability_id, capability_version,
-                           nondeterministic, duration_ms, state_bag, state, error, now, ord)
+                           nondeterministic, duration_ms, state_bag, state, error, now,
+                           node_id, ord)
 ), locked AS (
     SELECT f.instance_id, f.fence, f.next_sequence
       FROM flow_instance f
@@ -173,15 +175,15 @@ WITH input AS (
     SELECT i.instance_id, i.token, i.has_step, i.scope, i.step_id, i.attempt, i.step_name,
            i.outcome, i.result, i.capability_id, i.capability_version, i.nondeterministic,
            i.duration_ms, i.state_bag, i.state, i.error, coalesce(i.now, now()) AS now, i.ord,
-           l.next_sequence AS seq
+           i.node_id, l.next_sequence AS seq
       FROM input i JOIN locked l ON l.instance_id = i.instance_id
      WHERE i.token >= l.fence
 ), step AS (
     INSERT INTO flow_step (instance_id, scope, step_id, attempt, sequence, step_name, outcome,
                            result, capability_id, capability_version, nondeterministic,
-                           duration_ms, committed_at)
+                           duration_ms, committed_at, node_id)
     SELECT instance_id, scope, step_id, attempt, seq, step_name, outcome, result::json,
-           capability_id, capability_version, nondeterministic::json, duration_ms, now
+           capability_id, capability_version, nondeterministic::json, duration_ms, now, node_id
       FROM ok WHERE has_step
     RETURNING 1
 ), moved AS (
@@ -240,6 +242,7 @@ def batch_params(commits: list[StepCommit]) -> dict[str, Any]:
             "states",
             "errors",
             "nows",
+            "node_ids",
             "event_commit",
             "event_ordinals",
             "event_ids",
@@ -268,6 +271,7 @@ def batch_params(commits: list[StepCommit]) -> dict[str, Any]:
         p["states"].append(c.state.value if c.state else None)
         p["errors"].append(c.error)
         p["nows"].append(c.now)
+        p["node_ids"].append(s.node_id if s else None)
         for ordinal, e in enumerate(c.events):
             p["event_commit"].append(ord_)
             p["event_ordinals"].append(ordinal)

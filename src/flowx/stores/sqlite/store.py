@@ -182,7 +182,7 @@ class SqliteJournal:
             try:
                 conn.execute(
                     f"INSERT INTO flow_step ({STEP_COLUMNS}) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         commit.instance_id,
                         step.scope,
@@ -197,6 +197,7 @@ class SqliteJournal:
                         step.nondeterministic,
                         step.duration_ms,
                         stamp,
+                        step.node_id,
                     ),
                 )
             except sqlite3.IntegrityError as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -86,6 +87,23 @@ class JournalConformance:
         rows = await stores.journal.steps(iid)
         assert [(r.step_id, r.sequence) for r in rows] == [(3, 1), (1, 2), (2, 3)]
         assert (await stores.journal.get(iid)).next_sequence == 4
+
+    async def test_a_step_row_keeps_the_node_that_wrote_it(self, stores: Any) -> None:
+        """The step timeline names the node of each attempt, alone or grouped with others
+        (a store that batches concurrent commits writes it in both paths)."""
+        j = stores.journal
+        iid, other = await make_instance(stores), await make_instance(stores)
+        await j.commit(commit(iid, token=1, now=1, step=replace(step(1), node_id="node-a")))
+        await asyncio.gather(
+            j.commit(commit(iid, token=1, now=2, step=replace(step(2), node_id="node-b"))),
+            j.commit(commit(other, token=1, now=2, step=replace(step(1), node_id="node-c"))),
+            j.commit(commit(other, token=1, now=3, step=step(2))),
+        )
+        assert [r.node_id for r in await j.steps(iid)] == ["node-a", "node-b"]
+        assert sorted((r.step_id, r.node_id) for r in await j.steps(other)) == [
+            (1, "node-c"),
+            (2, None),
+        ]
 
     async def test_a_stale_token_is_refused_and_writes_nothing(self, stores: Any) -> None:
         iid = await make_instance(stores, token=5)
