@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -220,6 +221,29 @@ def test_a_read_command_never_creates_a_journal(tmp_path: Path) -> None:
         assert code == 3, command
         assert f"no journal at {path}" in err
         assert not path.exists()
+
+
+def test_a_read_command_never_creates_a_postgresql_schema(
+    pg_schema: Callable[[], str],
+) -> None:
+    """The same on PostgreSQL: a schema that does not exist is not found (exit 3) and is
+    still not there after the command."""
+    import psycopg
+
+    from tests.postgres_support import PG_DSN
+
+    schema = pg_schema()  # a fresh name, dropped after the test if anything made it
+    url = f"{PG_DSN}{'&' if '?' in PG_DSN else '?'}flowx_schema={schema}"
+    for command in (("list",), ("count",), ("show", "x"), ("retention", "show")):
+        code, out, err = invoke(*command, "--db", url, "-o", "json")
+        assert code == 3, (command, err)
+        assert json.loads(out)["error"]["code"] == "store.journal_not_found"
+        assert f"no FlowX journal in schema {schema!r}" in err
+    with psycopg.connect(PG_DSN) as conn:
+        found = conn.execute(
+            "SELECT count(*) FROM pg_namespace WHERE nspname = %s", (schema,)
+        ).fetchone()
+    assert found == (0,)
 
 
 def test_migrate_reports_the_schema_version(db: str) -> None:

@@ -31,6 +31,7 @@ from psycopg import AsyncConnection, sql
 from psycopg.types.string import TextLoader
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from flowx.errors import JournalNotFound
 from flowx.stores import migrations
 from flowx.stores.errors import (
     JournalNoAnswer,
@@ -319,6 +320,13 @@ class PostgresDatabase:
                     f"schema {self.schema!r} at {redact(self.dsn)} holds tables "
                     f"({', '.join(sorted(tables)[:5])}…) but no FlowX journal; nothing was "
                     "changed. Use another schema (schema=...) or database"
+                )
+            if not tables and not migrate:
+                # Rolled back with the CREATE SCHEMA above: looking creates nothing.
+                raise JournalNotFound(
+                    f"no FlowX journal in schema {self.schema!r} at {redact(self.dsn)}; "
+                    "nothing was created. Check --db (and its flowx_schema), or create the "
+                    "journal with `flowx migrate --db ...`"
                 )
             if not tables:
                 await conn.execute(
