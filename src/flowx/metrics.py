@@ -1,14 +1,22 @@
-"""Counters an operator alerts on, exported through prometheus-client when it is installed.
+"""What a FlowX process measures, exported through prometheus-client when it is installed.
 
-``flowx[prometheus]`` brings the library; without it the counters still count in-process (so
-tests and ``flowx`` tooling can read them) and nothing is exported. Nothing here is on the
-step-commit hot path.
+``flowx[prometheus]`` brings the library, and ``flowx worker --metrics-port`` serves the
+families below on ``/metrics``. Without it every family still counts in-process (so tests and
+``flowx`` tooling can read them) and nothing is exported.
+
+Each family is fed at one seam, never from inside the engine: step commits where a node's
+commits reach the journal (``hosting/ports.py``), flow outcomes where a run's result is
+handled (``hosting/outcomes.py``), takeovers and timer lateness where an instance is taken
+over (``InstanceRunner.resume``), sweeps where their reports are made, and the sampled
+gauges (outbox, leases, journal up) by the worker's sampler (``hosting/sampling.py``).
+Families are process-wide, as Prometheus expects: several hosts in one process (tests) add
+to the same series, told apart where it matters by a ``node`` label.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 _prometheus: Any
@@ -17,30 +25,150 @@ try:  # optional: flowx[prometheus]
 except ImportError:  # pragma: no cover - exercised only without the extra
     _prometheus = None
 
+#: Latency buckets for a step commit (seconds): group commit puts most under 10 ms.
+COMMIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+#: Buckets for delays an operator watches in seconds to minutes (takeovers, timer lateness).
+DELAY_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+Labels = str | tuple[str, ...]
+
+
+def _key(labels: Labels) -> tuple[str, ...]:
+    return labels if isinstance(labels, tuple) else (labels,)
+
+
+def _export(kind: str, name: str, documentation: str, labels: Sequence[str], **kw: Any) -> Any:
+    """The prometheus-client family, or ``None`` without the library (or when the name is
+    taken already: a module reloaded in tests keeps counting in-process)."""
+    if _prometheus is None:
+        return None
+    try:
+        return getattr(_prometheus, kind)(name, documentation, list(labels), **kw)
+    except ValueError:
+        return None
+
+
+def _series(family: Any, key: tuple[str, ...]) -> Any:
+    """The exported series of ``key`` (a family without labels is its own only series)."""
+    if family is None:
+        return None
+    return family.labels(*key) if key else family
+
+
+class _CounterChild:
+    """One series of a counter, bound once and kept by a hot caller: an increment is an
+    attribute add and, exported, prometheus-client's own child ``inc`` (no label lookup)."""
+
+    __slots__ = ("_exported", "value")
+
+    def __init__(self, exported: Any) -> None:
+        self.value = 0
+        self._exported = exported
+
+    def inc(self, amount: int = 1) -> None:
+        self.value += amount
+        if self._exported is not None:
+            self._exported.inc(amount)
+
 
 class _LabelledCounter:
-    def __init__(self, name: str, documentation: str, label: str) -> None:
+    """A counter by label values; ``inc("a")`` for one label, ``inc(("a", "b"))`` for two."""
+
+    def __init__(self, name: str, documentation: str, *labels: str) -> None:
         self.name = name
-        self._label = label
-        self._counts: Counter[str] = Counter()
+        self._children: dict[tuple[str, ...], _CounterChild] = {}
         self._lock = threading.Lock()
-        self._exported: Any = None
-        if _prometheus is not None:
-            try:
-                self._exported = _prometheus.Counter(name, documentation, [label])
-            except ValueError:  # already registered (a module reloaded in tests)
-                self._exported = None
+        self._exported = _export("Counter", name, documentation, labels)
 
-    def inc(self, value: str) -> None:
+    def child(self, labels: Labels) -> _CounterChild:
+        """The series for ``labels``, to keep and increment directly."""
+        key = _key(labels)
+        found = self._children.get(key)
+        if found is None:
+            with self._lock:
+                found = self._children.get(key)
+                if found is None:
+                    exported = _series(self._exported, key)
+                    found = self._children[key] = _CounterChild(exported)
+        return found
+
+    def inc(self, labels: Labels, amount: int = 1) -> None:
+        self.child(labels).inc(amount)
+
+    def get(self, labels: Labels) -> int:
+        found = self._children.get(_key(labels))
+        return found.value if found is not None else 0
+
+
+class _LabelledGauge:
+    """A gauge by label values: the last value set."""
+
+    def __init__(self, name: str, documentation: str, *labels: str) -> None:
+        self.name = name
+        self._values: dict[tuple[str, ...], float] = {}
+        self._lock = threading.Lock()
+        self._exported = _export("Gauge", name, documentation, labels)
+
+    def set(self, labels: Labels, amount: float) -> None:
+        key = _key(labels)
         with self._lock:
-            self._counts[value] += 1
+            self._values[key] = amount
         if self._exported is not None:
-            self._exported.labels(value).inc()
+            _series(self._exported, key).set(amount)
 
-    def get(self, value: str) -> int:
+    def get(self, labels: Labels) -> float | None:
         with self._lock:
-            return self._counts[value]
+            return self._values.get(_key(labels))
 
+
+class _HistogramChild:
+    """One series of a histogram, bound once (see ``_CounterChild``)."""
+
+    __slots__ = ("_exported", "count", "total")
+
+    def __init__(self, exported: Any) -> None:
+        self.count = 0
+        self.total = 0.0
+        self._exported = exported
+
+    def observe(self, value: float) -> None:
+        self.count += 1
+        self.total += value
+        if self._exported is not None:
+            self._exported.observe(value)
+
+
+class _LabelledHistogram:
+    """A histogram by label values; in-process it keeps the count and the sum."""
+
+    def __init__(
+        self, name: str, documentation: str, *labels: str, buckets: Sequence[float]
+    ) -> None:
+        self.name = name
+        self._children: dict[tuple[str, ...], _HistogramChild] = {}
+        self._lock = threading.Lock()
+        self._exported = _export("Histogram", name, documentation, labels, buckets=buckets)
+
+    def child(self, labels: Labels) -> _HistogramChild:
+        key = _key(labels)
+        found = self._children.get(key)
+        if found is None:
+            with self._lock:
+                found = self._children.get(key)
+                if found is None:
+                    exported = _series(self._exported, key)
+                    found = self._children[key] = _HistogramChild(exported)
+        return found
+
+    def observe(self, labels: Labels, value: float) -> None:
+        self.child(labels).observe(value)
+
+    def count(self, labels: Labels) -> int:
+        found = self._children.get(_key(labels))
+        return found.count if found is not None else 0
+
+
+# -- alerts ----------------------------------------------------------------------------------
 
 #: Raised once per instance that ran out of compensation attempts (SPEC §8), by flow id.
 COMPENSATION_FAILED = _LabelledCounter(
@@ -53,29 +181,80 @@ DEADLINE_EXCEEDED = _LabelledCounter(
     "flowx_deadline_exceeded", "Instances that passed their flow deadline", "flow"
 )
 
+# -- the journal's hot path (one observation per commit) -------------------------------------
 
-class _LabelledGauge:
-    def __init__(self, name: str, documentation: str, label: str) -> None:
-        self.name = name
-        self._values: dict[str, float] = {}
-        self._lock = threading.Lock()
-        self._exported: Any = None
-        if _prometheus is not None:
-            try:
-                self._exported = _prometheus.Gauge(name, documentation, [label])
-            except ValueError:  # already registered (a module reloaded in tests)
-                self._exported = None
+#: Step rows committed, by flow and outcome (Success, Failure, Compensated, …).
+STEP_COMMITS = _LabelledCounter(
+    "flowx_step_commits", "Step rows committed to the journal", "flow", "outcome"
+)
+#: How long a commit took from this node's call to the journal's answer (group commit
+#: included), by flow.
+STEP_COMMIT_SECONDS = _LabelledHistogram(
+    "flowx_step_commit_seconds",
+    "Latency of a step commit, from the call to the journal's answer",
+    "flow",
+    buckets=COMMIT_BUCKETS,
+)
 
-    def set(self, value: str, amount: float) -> None:
-        with self._lock:
-            self._values[value] = amount
-        if self._exported is not None:
-            self._exported.labels(value).set(amount)
+# -- outcomes and takeovers ------------------------------------------------------------------
 
-    def get(self, value: str) -> float | None:
-        with self._lock:
-            return self._values.get(value)
+#: Runs of instances that ended, by flow and how (completed, failed, timed_out, …).
+FLOWS_ENDED = _LabelledCounter(
+    "flowx_flows_ended", "Instances that ended, by how they ended", "flow", "outcome"
+)
+#: Instances taken over from a node that stopped renewing its lease (a crash, a partition).
+TAKEOVERS = _LabelledCounter(
+    "flowx_takeovers", "Instances taken over after their node's lease expired", "flow"
+)
+#: How long a taken-over instance sat since its last write before this node resumed it.
+TAKEOVER_DELAY_SECONDS = _LabelledHistogram(
+    "flowx_takeover_delay_seconds",
+    "Time from an instance's last write to its takeover by another node",
+    "flow",
+    buckets=DELAY_BUCKETS,
+)
+#: How late a durable timer (a sleep, a wait's timeout, a deadline) was when it woke.
+TIMER_LATENESS_SECONDS = _LabelledHistogram(
+    "flowx_timer_lateness_seconds",
+    "Time from a timer's due moment to the takeover that ran it",
+    "flow",
+    buckets=DELAY_BUCKETS,
+)
+#: Recovery sweeps, and the instances they resumed (queued or abandoned).
+RECOVERY_SWEEPS = _LabelledCounter("flowx_recovery_sweeps", "Recovery sweeps run")
+RECOVERY_RESUMED = _LabelledCounter(
+    "flowx_recovery_resumed", "Instances a recovery sweep resumed (queued or abandoned)"
+)
 
+# -- retention -------------------------------------------------------------------------------
+
+#: Instances deleted by retention sweeps (archived first when an archiver is set).
+RETENTION_DELETED = _LabelledCounter(
+    "flowx_retention_deleted", "Ended instances a retention sweep deleted"
+)
+#: Expired instances the last sweep kept, by why (unpublished events, unread, parent running).
+RETENTION_HELD_BACK = _LabelledGauge(
+    "flowx_retention_held_back", "Expired instances the last retention sweep kept", "reason"
+)
+
+# -- sampled: what the worker's sampler reads every few seconds ----------------------------
+
+#: Instances running on this node now.
+IN_FLIGHT = _LabelledGauge("flowx_instances_in_flight", "Instances running on this node", "node")
+#: Leases this node holds now.
+LEASES_HELD = _LabelledGauge("flowx_leases_held", "Instance leases this node holds", "node")
+#: 1 while this node's journal answers, 0 while it does not.
+JOURNAL_UP = _LabelledGauge("flowx_journal_up", "1 while the journal answers this node", "node")
+#: Outbox events staged and not yet published (or dead), their oldest's age, dead letters.
+OUTBOX_PENDING = _LabelledGauge("flowx_outbox_pending", "Outbox events not yet published", "node")
+OUTBOX_LAG_SECONDS = _LabelledGauge(
+    "flowx_outbox_lag_seconds", "Age of the oldest unpublished outbox event", "node"
+)
+OUTBOX_DEAD_LETTERS = _LabelledGauge(
+    "flowx_outbox_dead_letters", "Outbox events the broker refused for good", "node"
+)
+
+# -- this node -------------------------------------------------------------------------------
 
 #: How far ahead of this node's clock each store's clock is, in seconds (R9.2), by store.
 CLOCK_OFFSET = _LabelledGauge(
@@ -90,3 +269,17 @@ CAPABILITY_THREADS_STUCK = _LabelledGauge(
     "Capability threads stuck in a call their step abandoned",
     "node",
 )
+
+
+def available() -> bool:
+    """Whether prometheus-client is installed, so the families can be served."""
+    return _prometheus is not None
+
+
+def serve(port: int, host: str) -> Any:
+    """Serve ``/metrics`` on ``host:port`` from a thread of its own (prometheus-client's
+    server); returns the server, to shut it down on drain."""
+    if _prometheus is None:  # pragma: no cover - the CLI checks ``available`` first
+        raise RuntimeError("prometheus-client is not installed: pip install 'flowx[prometheus]'")
+    server, _thread = _prometheus.start_http_server(port, addr=host)
+    return server

@@ -4,6 +4,7 @@ instance that ended badly."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -106,3 +107,60 @@ def test_an_instance_that_ends_badly_logs_one_json_line_with_its_facts(
     assert line["level"] == "WARNING"
     assert datetime.fromisoformat(str(line["ts"])).utcoffset() is not None
     assert not ready.exists()  # removed when the worker drained
+
+
+@pytest.mark.timeout(60)
+async def test_a_worker_serves_metrics_over_http_while_it_runs(db: str, tmp_path: Path) -> None:
+    """``flowx worker --metrics-port``: scraped over HTTP, the families an operator alerts on
+    are there; the endpoint closes when the worker drains."""
+    import socket
+    import urllib.request
+
+    from tests.support.polling import until
+
+    with socket.socket() as probe:  # a port free now, for the worker to bind
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    code, _, err = await asyncio.to_thread(  # in-process, but its own event loop
+        invoke, "start", "cli.mail", "--db", db, "--flows", FLOWS,
+        "--input", '{"order_id": "m1"}',
+    )  # fmt: skip
+    assert code == 0, err
+    ready = tmp_path / "ready"
+    proc = _worker(
+        db, "--ready-file", str(ready), "--metrics-port", str(port), "--metrics-interval", "0.2s"
+    )
+
+    def scrape() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+            return str(answer.read().decode())
+
+    try:
+        await until(ready.exists, within=20, what="the worker ready")
+
+        async def ended() -> bool:
+            text = await asyncio.to_thread(scrape)
+            return 'flowx_flows_ended_total{flow="cli.mail",outcome="completed"} 1.0' in text
+
+        await until(ended, within=20, what="the mail flow counted as completed")
+        text = await asyncio.to_thread(scrape)
+        for family in (
+            "flowx_step_commits_total",
+            "flowx_step_commit_seconds_bucket",
+            "flowx_instances_in_flight",
+            "flowx_leases_held",
+            "flowx_journal_up",
+            "flowx_outbox_pending",
+            "flowx_outbox_lag_seconds",
+            "flowx_outbox_dead_letters",
+            "flowx_recovery_sweeps_total",
+            "flowx_clock_offset_seconds",
+        ):
+            assert family in text, family
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    with pytest.raises(OSError):
+        scrape()

@@ -233,15 +233,24 @@ class FlowHost:
             return
         self._services.reset()
         ctx.threads = CapabilityThreads(ctx.settings.capability_threads, node=ctx.node_id)
-        if ctx.store is not None:
-            try:
+        try:
+            # /metrics first: it answers (journal_up 0) while the journal is still out of reach.
+            self._services.metrics.start()
+            if ctx.store is not None:
                 await self._services.connect_or_retry()
-            except BaseException:
-                ctx.threads.shutdown(wait=False, cancel_futures=True)
-                ctx.threads = None
-                raise
+        except BaseException:
+            await self._services.metrics.stop()
+            ctx.threads.shutdown(wait=False, cancel_futures=True)
+            ctx.threads = None
+            raise
         ctx.opened = True
         ctx.accepting = True
+
+    @property
+    def metrics_port(self) -> int | None:
+        """The port ``/metrics`` is served on while open (``metrics_port`` setting), else
+        ``None``."""
+        return self._services.metrics.port
 
     @property
     def ready(self) -> bool:

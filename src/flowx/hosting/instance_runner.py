@@ -30,7 +30,7 @@ from flowx.hosting import stopping
 from flowx.hosting.context import NodeContext
 from flowx.hosting.creation import child_instance
 from flowx.hosting.lease import DurableLease
-from flowx.hosting.outcomes import after_run, hand_back
+from flowx.hosting.outcomes import after_run, hand_back, taken_over
 from flowx.hosting.ports import DurableCommitter, DurableWaits, EphemeralCommitter
 from flowx.hosting.quarantine import quarantine
 from flowx.hosting.recovery import RecoveryService, ResumeVerdict
@@ -194,6 +194,7 @@ class InstanceRunner:
         if history.instance.state.terminal:
             await durable.release()
             return "gone"
+        taken_over(record, ctx.journal_clock.now())
         self._spawn(plan, history.instance, history.steps, durable, recovering=True, queued=queued)
         return "resumed"
 
@@ -341,7 +342,7 @@ class InstanceRunner:
             spec,
             RunPorts(
                 committer=(
-                    DurableCommitter(ctx, spec.instance_id, lease)
+                    DurableCommitter(ctx, spec.instance_id, lease, spec.plan.flow_id)
                     if lease is not None
                     else EphemeralCommitter()
                 ),

@@ -11,13 +11,21 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from datetime import datetime
 
 from flowx.engine.runner import Execution, RunResult
 from flowx.hosting.context import NodeContext
 from flowx.hosting.timers import TimerService
-from flowx.metrics import COMPENSATION_FAILED, DEADLINE_EXCEEDED
+from flowx.metrics import (
+    COMPENSATION_FAILED,
+    DEADLINE_EXCEEDED,
+    FLOWS_ENDED,
+    TAKEOVER_DELAY_SECONDS,
+    TAKEOVERS,
+    TIMER_LATENESS_SECONDS,
+)
 from flowx.plan.model import Plan
-from flowx.stores.records import InstanceRecord
+from flowx.stores.records import InstanceRecord, InstanceState
 
 log = logging.getLogger("flowx.host")
 
@@ -47,6 +55,8 @@ async def after_run(
             )
     elif result.outcome == "timed_out":
         DEADLINE_EXCEEDED.inc(plan.flow_id)
+    if result.final_state is not None:
+        FLOWS_ENDED.inc((plan.flow_id, result.outcome))
     if result.outcome in ENDED_BADLY:
         log_outcome(plan, record, result)
     parent = record.parent_instance_id
@@ -55,6 +65,20 @@ async def after_run(
         # here only saves the wait for a recovery sweep. Its own task: this lease is
         # released first.
         wake(parent)
+
+
+def taken_over(record: InstanceRecord, now: datetime) -> None:
+    """Measure a resume as it was read before this node took it (``flowx.metrics``): a due
+    timer's lateness, or — an instance some node was running — a takeover and how long it
+    sat since its last write. A queued (``Pending``) instance is neither."""
+    if record.state is InstanceState.SUSPENDED and record.wake_at is not None:
+        if record.wake_at <= now:
+            late = (now - record.wake_at).total_seconds()
+            TIMER_LATENESS_SECONDS.observe(record.flow_id, late)
+    elif record.state in (InstanceState.RUNNING, InstanceState.COMPENSATING):
+        TAKEOVERS.inc(record.flow_id)
+        idle = max((now - record.updated_at).total_seconds(), 0.0)
+        TAKEOVER_DELAY_SECONDS.observe(record.flow_id, idle)
 
 
 #: Outcomes an operator hears of: one log line each, with the facts as fields.

@@ -38,6 +38,7 @@ from typing import Literal
 from flowx.clock import Clock
 from flowx.errors import FlowXError
 from flowx.hosting.settings import HostSettings
+from flowx.metrics import RECOVERY_RESUMED, RECOVERY_SWEEPS
 from flowx.stores.protocols import RecoveryIndex
 from flowx.stores.records import RecoveryCandidate
 
@@ -187,6 +188,8 @@ class RecoveryService:
         queued = await self._queued(taken)
         for kind, n in queued.counts.items():
             counts[kind] += n
+        RECOVERY_SWEEPS.inc(())
+        RECOVERY_RESUMED.inc((), counts["resumed"])
         return RecoveryScanResult(
             found=len(due) + queued.page,
             resumed=counts["resumed"],
@@ -203,6 +206,7 @@ class RecoveryService:
         """Only the queued half of a sweep: what a wake-up (``poke``) asks for. It reads no
         abandoned rows, so it costs one indexed read when a slot is free and none when not."""
         queued = await self._queued(set())
+        RECOVERY_RESUMED.inc((), queued.counts["resumed"])
         return RecoveryScanResult(
             found=queued.page,
             resumed=queued.counts["resumed"],

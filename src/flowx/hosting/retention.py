@@ -32,12 +32,17 @@ from datetime import datetime, timedelta
 
 from flowx.hosting.archive import Archiver
 from flowx.hosting.context import NodeContext
+from flowx.metrics import RETENTION_DELETED, RETENTION_HELD_BACK
 from flowx.stores.protocols import Stores
 from flowx.stores.records import (
     ExpiredInstance,
     InstanceState,
     RetentionPolicy,
 )
+from flowx.stores.retention import PARENT_KEPT, UNPUBLISHED, UNREAD
+
+#: The metric label of each reason an expired instance is kept (``flowx.metrics``).
+HELD_LABELS = {UNPUBLISHED: "unpublished", UNREAD: "unread", PARENT_KEPT: "parent"}
 
 log = logging.getLogger("flowx.retention")
 
@@ -187,6 +192,10 @@ class RetentionService:
             )
         finally:
             await held.release()
+        if not dry_run:
+            RETENTION_DELETED.inc((), report.deleted)
+            for why, label in HELD_LABELS.items():
+                RETENTION_HELD_BACK.set(label, report.held_back.get(why, 0))
         if not dry_run and (report.deleted or report.held or report.outbox_deleted):
             log.info(
                 "retention: deleted %d instance(s) (%d archived), kept %d past their window "

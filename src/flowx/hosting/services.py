@@ -22,6 +22,7 @@ from flowx.hosting.context import NodeContext
 from flowx.hosting.instance_runner import InstanceRunner
 from flowx.hosting.recovery import RecoveryService
 from flowx.hosting.retention import RetentionService
+from flowx.hosting.sampling import MetricsService
 from flowx.hosting.timers import TimerService
 from flowx.stores.errors import JournalUnavailable, LeaseUnavailable
 from flowx.stores.protocols import QueueClaims, RoundTripBound, Stores, WorkWakeups
@@ -76,6 +77,7 @@ class NodeServices:
         if archiver is None and settings.retention_archive_dir:
             archiver = JsonlArchiver(settings.retention_archive_dir)
         self.retention = RetentionService(ctx, archiver)
+        self.metrics = MetricsService(ctx, lambda: len(runner.tasks))
         if self.recovery is not None and isinstance(store, QueueClaims):
             self.recovery.claim = runner.claim_queued
         self._run_recovery = run_recovery
@@ -254,6 +256,7 @@ class NodeServices:
         await runner.drain(left, budget)
         await self.stop_outbox(left())
         await self.stop_clock_watch()
+        await self.metrics.stop()
         if ctx.keeper is not None:
             # Every run has released its lease by now (each in its own ``finally``).
             await ctx.keeper.stop()

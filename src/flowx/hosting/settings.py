@@ -13,7 +13,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from pydantic import ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -33,6 +33,7 @@ _DURATIONS = (
     "timer_poll_interval",
     "max_clock_offset",
     "retention_sweep_interval",
+    "metrics_interval",
 )
 
 
@@ -119,6 +120,15 @@ class HostSettings(BaseSettings):
     #: Where the built-in archiver writes ``.jsonl.gz`` files before a sweep deletes;
     #: ``None``: instances are deleted without an archive (unless the host was given one).
     retention_archive_dir: str | None = None
+    #: Serve Prometheus metrics on ``http://metrics_host:metrics_port/metrics`` while the
+    #: node is open (needs ``flowx[prometheus]``); ``None``: not served. 0 binds any free
+    #: port (the log line says which).
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    #: The address ``/metrics`` is bound to: loopback unless told otherwise.
+    metrics_host: str = "127.0.0.1"
+    #: How often the gauges that are read, not counted (in flight, leases, outbox backlog,
+    #: journal up), are sampled while metrics are served.
+    metrics_interval: timedelta = timedelta(seconds=10)
 
     @field_validator(*_DURATIONS, mode="before")
     @classmethod
@@ -146,6 +156,8 @@ class HostSettings(BaseSettings):
             raise ValueError("recovery_scan_interval must be above 0")
         if self.timer_poll_interval.total_seconds() <= 0:
             raise ValueError("timer_poll_interval must be above 0")
+        if self.metrics_interval.total_seconds() < 0.1:
+            raise ValueError("metrics_interval must be at least 0.1s")
         if self.retention_sweep_interval.total_seconds() < 1:
             raise ValueError("retention_sweep_interval must be at least 1s")
         if not 0 <= self.recovery_scan_jitter < 1:

@@ -30,6 +30,7 @@ from flowx.stores.records import (
     InstanceState,
     Lease,
     NewInstance,
+    OutboxBacklog,
     OutboxPurge,
     RecoveryCandidate,
     RetentionPolicy,
@@ -430,6 +431,11 @@ class OutboxStore(Protocol):
 
     async def pending_count(self) -> int:
         """How many events wait to be published (dead letters excluded)."""
+        ...
+
+    async def backlog(self) -> OutboxBacklog:
+        """Pending events, the staging time of the oldest of them, and dead letters, in one
+        read (the ``flowx_outbox_*`` gauges)."""
         ...
 
     async def dead_letters(self, *, limit: int = 100) -> Sequence[EventRecord]:

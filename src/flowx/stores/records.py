@@ -356,6 +356,16 @@ class ChangeBatch:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class OutboxBacklog:
+    """What waits in the outbox: events not yet published, when the oldest of them was
+    staged (its lag), and dead letters. Read by the metrics sampler, not on any hot path."""
+
+    pending: int
+    oldest_staged_at: datetime | None
+    dead: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class OutboxPurge:
     """What a purge of published outbox rows did (R2.13)."""
 

@@ -36,6 +36,7 @@ from flowx.stores.records import (
     InstanceState,
     Lease,
     NewInstance,
+    OutboxBacklog,
     OutboxPurge,
     RecoveryCandidate,
     StepCommit,
@@ -369,6 +370,15 @@ class MemoryOutbox:
 
     async def pending_count(self) -> int:
         return sum(1 for e in self._d.events if e.published_at is None and e.dead_at is None)
+
+    async def backlog(self) -> OutboxBacklog:
+        waiting = [e for e in self._d.events if e.published_at is None]
+        pending = [e.staged_at for e in waiting if e.dead_at is None]
+        return OutboxBacklog(
+            pending=len(pending),
+            oldest_staged_at=min((t for t in pending if t is not None), default=None),
+            dead=len(waiting) - len(pending),
+        )
 
     async def dead_letters(self, *, limit: int = 100) -> Sequence[EventRecord]:
         dead = [e for e in self._d.events if e.dead_at is not None and e.published_at is None]

@@ -31,7 +31,7 @@ from flowx.stores.columns import EVENT_COLUMNS, event_of
 from flowx.stores.outbox_claims import ClaimOutcome
 from flowx.stores.postgres.database import PostgresDatabase
 from flowx.stores.postgres.notify import Listener
-from flowx.stores.records import EventRecord
+from flowx.stores.records import EventRecord, OutboxBacklog
 
 # outbox_event_pending_idx serves the claim (staged_seq order, pending only);
 # outbox_event_pending_key_idx serves the sibling hold, one probe per claimed row.
@@ -75,6 +75,13 @@ UPDATE outbox_event
 
 PENDING: Final[LiteralString] = (
     "SELECT count(*) FROM outbox_event WHERE published_at IS NULL AND dead_at IS NULL"
+)
+
+# outbox_event_pending_idx: the unpublished rows only.
+BACKLOG: Final[LiteralString] = (
+    "SELECT count(*) FILTER (WHERE dead_at IS NULL), min(staged_at) FILTER (WHERE dead_at IS "
+    "NULL), count(*) FILTER (WHERE dead_at IS NOT NULL) FROM outbox_event "
+    "WHERE published_at IS NULL"
 )
 
 DEAD_LETTERS: Final[LiteralString] = (
@@ -130,6 +137,12 @@ class PostgresOutbox:
         async with self._db.connection() as conn:
             row = await (await conn.execute(PENDING)).fetchone()
             return int(row[0]) if row else 0
+
+    async def backlog(self) -> OutboxBacklog:
+        async with self._db.connection() as conn:
+            row = await (await conn.execute(BACKLOG)).fetchone()
+        assert row is not None  # an aggregate always answers one row
+        return OutboxBacklog(pending=int(row[0]), oldest_staged_at=row[1], dead=int(row[2]))
 
     async def dead_letters(self, *, limit: int = 100) -> Sequence[EventRecord]:
         async with self._db.connection() as conn:

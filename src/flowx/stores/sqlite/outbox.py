@@ -24,8 +24,8 @@ from typing import Final
 from flowx.stores.columns import EVENT_COLUMNS
 from flowx.stores.errors import UnknownConsumer
 from flowx.stores.outbox_claims import ClaimOutcome
-from flowx.stores.records import ChangeBatch, EventRecord, OutboxPurge
-from flowx.stores.sqlite.database import SqliteDatabase, to_text
+from flowx.stores.records import ChangeBatch, EventRecord, OutboxBacklog, OutboxPurge
+from flowx.stores.sqlite.database import SqliteDatabase, from_text, to_text
 from flowx.stores.sqlite.rows import event_row
 
 log = logging.getLogger("flowx.sqlite")
@@ -123,6 +123,21 @@ class SqliteOutbox:
                 "SELECT count(*) FROM outbox_event WHERE published_at IS NULL AND dead_at IS NULL"
             ).fetchone()
             return int(row[0])
+
+        return await self._db.run(q)
+
+    async def backlog(self) -> OutboxBacklog:
+        def q(conn: sqlite3.Connection) -> OutboxBacklog:
+            row = conn.execute(
+                "SELECT coalesce(sum(dead_at IS NULL), 0), min(CASE WHEN dead_at IS NULL "
+                "THEN staged_at END), coalesce(sum(dead_at IS NOT NULL), 0) FROM outbox_event "
+                "WHERE published_at IS NULL"
+            ).fetchone()
+            return OutboxBacklog(
+                pending=int(row[0]),
+                oldest_staged_at=from_text(row[1]) if row[1] is not None else None,
+                dead=int(row[2]),
+            )
 
         return await self._db.run(q)
 

@@ -113,6 +113,23 @@ class OutboxConformance:
         async with stores.outbox.claim(limit=10, now=at(101), owner="p1") as claim:
             assert ids(claim.events) == ids(staged)
 
+    async def test_the_backlog_counts_pending_and_dead_and_dates_the_oldest(
+        self, stores: Any
+    ) -> None:
+        empty = await stores.outbox.backlog()
+        assert (empty.pending, empty.oldest_staged_at, empty.dead) == (0, None, 0)
+        staged = await stage(stores, ["a", "b", "c"])  # staged at at(1), at(2), at(3)
+        got = await stores.outbox.backlog()
+        assert (got.pending, got.oldest_staged_at, got.dead) == (3, at(1), 0)
+        async with stores.outbox.claim(limit=10, now=at(100), owner="p1") as claim:
+            claim.refused(staged[0].event_id, reason="refused for good", dead=True)
+            claim.published(0)
+        async with stores.outbox.claim(limit=10, now=at(101), owner="p1") as claim:
+            assert ids(claim.events) == ids(staged[1:])
+            claim.published(1)
+        got = await stores.outbox.backlog()
+        assert (got.pending, got.oldest_staged_at, got.dead) == (1, at(3), 1)
+
     async def test_a_refusal_counts_an_attempt_and_dead_letters_free_the_key(
         self, stores: Any
     ) -> None:

@@ -1,0 +1,162 @@
+"""``/metrics`` (R9.6): the families an operator scrapes, fed at their seams and served over
+HTTP while the node is open — counted commits and outcomes, a takeover and its delay, a late
+timer, and the sampled gauges (in flight, leases, journal up, outbox backlog)."""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.request
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from pydantic import BaseModel
+
+import flowx
+from flowx import metrics
+from flowx.stores.records import InstanceState
+from flowx.testing import FakeClock
+from tests.engine import kit
+from tests.engine.kit import Ledger, until_state
+from tests.engine.kit import fresh_ledgers as _reset  # noqa: F401 - autouse
+from tests.support.polling import until
+
+ledger = Ledger("met")
+calls, broken = ledger.calls, ledger.broken
+reserve = ledger.capability("reserve")
+charge = ledger.capability("charge")
+
+
+@flowx.capability("met.flaky", version="1.0.0")
+async def flaky(ctx: flowx.StepContext, order: kit.Order) -> str:
+    """Fails its first call, then succeeds: one Failure row and one Success row."""
+    calls["flaky"] += 1
+    if calls["flaky"] == 1:
+        raise RuntimeError("a blip")
+    return "ok"
+
+
+@flowx.event("met.charged", version="1")
+class Charged(BaseModel):
+    order_id: str
+
+
+def order_flow() -> flowx.Plan:
+    return (
+        flowx.flow("met.order", version="1", input=kit.Order)
+        .step(reserve)
+        .step(flaky, retry=flowx.Retry(attempts=2, backoff="none"))
+        .step(charge)
+        .emit(Charged, lambda o, s: Charged(order_id=o.order_id))
+        .build()
+    )
+
+
+def napping_flow() -> flowx.Plan:
+    return flowx.flow("met.nap", version="1", input=kit.Order).sleep("1m").step(reserve).build()
+
+
+def scrape(port: int) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    """``/metrics`` over HTTP, parsed: sample name → labels → value."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+        text = answer.read().decode()
+    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    return out
+
+
+async def test_a_node_serves_what_it_committed_and_how_its_flows_ended(
+    tmp_path: Path,
+) -> None:
+    host = flowx.FlowHost(
+        store=flowx.sqlite(tmp_path / "m.db"),
+        flows=[order_flow()],
+        settings=flowx.HostSettings.load(metrics_port=0, metrics_interval="0.1s"),
+    )
+    committed = metrics.STEP_COMMITS.get(("met.order", "Success"))
+    failed = metrics.STEP_COMMITS.get(("met.order", "Failure"))
+    ended = metrics.FLOWS_ENDED.get(("met.order", "completed"))
+    async with host:
+        port = host.metrics_port
+        assert port is not None and port > 0
+        handle = await host.start(order_flow(), kit.Order(order_id="m1"))
+        await handle.result(timeout=10)
+        assert metrics.STEP_COMMITS.get(("met.order", "Success")) == committed + 4
+        assert metrics.STEP_COMMITS.get(("met.order", "Failure")) == failed + 1
+        assert metrics.FLOWS_ENDED.get(("met.order", "completed")) == ended + 1
+
+        def sampled() -> bool:
+            got = scrape(port)
+            node = (("node", host.node_id),)
+            return (
+                got.get("flowx_journal_up", {}).get(node) == 1.0
+                and got.get("flowx_outbox_pending", {}).get(node) == 1.0
+            )
+
+        await until(lambda: asyncio.to_thread(sampled), within=10, what="the gauges sampled")
+        got = await asyncio.to_thread(scrape, port)
+        node = (("node", host.node_id),)
+        flow_ok = (("flow", "met.order"), ("outcome", "Success"))
+        assert got["flowx_step_commits_total"][flow_ok] >= 4
+        assert got["flowx_flows_ended_total"][(("flow", "met.order"), ("outcome", "completed"))]
+        assert got["flowx_step_commit_seconds_count"][(("flow", "met.order"),)] >= 5
+        assert any(k == "flowx_step_commit_seconds_bucket" for k in got)
+        assert got["flowx_instances_in_flight"][node] == 0.0
+        assert got["flowx_leases_held"][node] == 0.0
+        assert got["flowx_outbox_dead_letters"][node] == 0.0
+        assert got["flowx_outbox_lag_seconds"][node] >= 0.0
+    with pytest.raises(OSError):  # closed with the node
+        await asyncio.to_thread(scrape, port)
+
+
+async def test_a_takeover_and_a_late_timer_are_measured_where_the_instance_is_taken(
+    host_factory: Any, clock: FakeClock
+) -> None:
+    nap = napping_flow()
+    host = await host_factory(nap)
+    handle = await host.start(nap, kit.Order(order_id="t1"))
+    await until_state(host, handle.instance_id, InstanceState.SUSPENDED)
+    late = metrics.TIMER_LATENESS_SECONDS.count("met.nap")
+    clock.advance(minutes=3)  # due one minute in; woken two minutes late
+    await host.timers.run_once()
+    await until_state(host, handle.instance_id, InstanceState.COMPLETED)
+    assert metrics.TIMER_LATENESS_SECONDS.count("met.nap") == late + 1
+
+    flow = order_flow()
+    first = await host_factory(flow)
+    gate = ledger.gates["charge"] = asyncio.Event()
+    running = await first.start(flow, kit.Order(order_id="t2"))
+    await until(lambda: calls["charge"] == 1, within=5, what="charge running")  # past flaky
+    assert first.store is not None
+    held = await first.store.leases.current(running.instance_id)
+    assert held is not None
+    await first.store.leases.release(held, now=None)  # as if its node had died
+    taken = metrics.TAKEOVERS.get("met.order")
+    second = await host_factory(flow)
+    gate.set()
+    clock.advance(timedelta(seconds=40))
+    assert await second.resume(running.instance_id) == "resumed"
+    assert metrics.TAKEOVERS.get("met.order") == taken + 1
+    assert metrics.TAKEOVER_DELAY_SECONDS.count("met.order") >= 1
+
+
+def test_a_port_that_is_taken_is_a_clear_error(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        host = flowx.FlowHost(
+            store=flowx.sqlite(tmp_path / "p.db"),
+            flows=[order_flow()],
+            settings=flowx.HostSettings.load(metrics_port=port),
+        )
+        with pytest.raises(flowx.FlowXError) as taken:
+            asyncio.run(host.open())
+    assert taken.value.code == "settings.metrics_port_unavailable"
+    assert "--metrics-port" in str(taken.value)
