@@ -439,3 +439,161 @@ async def test_a_parent_failed_by_its_child_replays_once_the_child_is_replayed(
     assert host.store is not None
     children = await host.store.catalog.list_instances(InstanceQuery(parent_id=iid))
     assert [r.instance_id for r in children] == [child_id]  # no second child
+
+
+def sleepy_flow() -> flowx.Plan:
+    """reserve (undone by release) → a 2 h sleep → a wait for ``go`` with a 2 h timeout →
+    pack, under a deadline of one hour."""
+    return (
+        flowx.flow("rr.sleepy", version="1", input=kit.Order, state=OrderState, deadline="1h")
+        .step(reserve, into="reservation", compensate=release)
+        .sleep("2h")
+        .await_signal("go", dict, timeout="2h")
+        .step(pack)
+        .build()
+    )
+
+
+async def test_a_re_run_sleep_and_wait_start_afresh_not_at_the_old_wake(
+    host_factory: Any, clock: FakeClock
+) -> None:
+    """The wait an instance was sealed at is forgotten by a forward replay: the re-run sleep
+    sleeps its 2 h again, and the wait after it gets its whole timeout."""
+    plan = sleepy_flow()
+    host = await host_factory(plan)
+    handle = await host.start(plan, kit.Order(order_id="z1"))
+    iid = handle.instance_id
+    await until_state(host, iid, InstanceState.SUSPENDED)
+    clock.advance(hours=2)
+    await host.timers.run_once()
+    await until_state(host, iid, InstanceState.TIMED_OUT)
+    replayed_at = clock.now()
+    await host.replay(iid, "rr.reserve", deadline=timedelta(hours=5))
+    record = await until_state(host, iid, InstanceState.SUSPENDED)
+    assert record.wake_at == replayed_at + timedelta(hours=2)  # sleeping again, in full
+    assert calls["pack"] == 0
+    clock.advance(hours=2, minutes=1)
+    await host.timers.run_once()
+    record = await until_state(host, iid, InstanceState.SUSPENDED)
+    assert record.wake_signal == "go"
+    assert record.wake_at == replayed_at + timedelta(hours=4, minutes=1)  # its whole timeout
+    await host.signal(iid, "go", {})
+    await until_state(host, iid, InstanceState.COMPLETED)
+    assert (calls["reserve"], calls["release"], calls["pack"]) == (2, 1, 1)
+
+
+async def test_a_re_run_whose_own_compensation_ran_out_finishes_compensating_on_replay(
+    host_factory: Any,
+) -> None:
+    """After a forward replay, the re-run fails and its refund runs out: a replay then
+    finishes the compensation — it does not charge again."""
+    plan = order_flow()
+    host = await host_factory(plan)
+    iid = await _waiting(host, plan, "cf")
+    await host.terminate(iid, "stuck", by="ops")
+    await until_state(host, iid, InstanceState.TERMINATED)
+    await host.replay(iid, "rr.charge")
+    await until_state(host, iid, InstanceState.SUSPENDED)
+    broken.update({"pack", "refund"})
+    await host.signal(iid, "go", {})
+    await until_state(host, iid, InstanceState.COMPENSATION_FAILED)
+    broken.discard("refund")
+    dry = await host.replay(iid, "rr.charge", dry_run=True)
+    assert (dry.mode, dry.reruns) == ("compensation", ("undo rr.charge", "undo rr.reserve"))
+    charges = calls["charge"]
+    await host.replay(iid, "rr.charge")
+    await until_state(host, iid, InstanceState.FAILED)
+    assert calls["charge"] == charges  # nothing forward re-ran
+    assert refunded[-1] == "P-2" and calls["release"] == 1
+
+
+async def test_a_parent_stopped_while_its_child_ran_replays_once_the_child_completed(
+    host_factory: Any,
+) -> None:
+    """A terminate reaches a parent waiting on its child (no row for the sub-flow yet) and
+    the child: replaying the parent from the sub-flow is refused until the child, replayed
+    in turn, has completed — then the parent takes its result."""
+    child = (
+        flowx.flow("rr.slow_child", version="1", input=kit.Order)
+        .await_signal("ok", dict)
+        .step(ship)
+        .build()
+    )
+    parent = (
+        flowx.flow("rr.waiting_parent", version="1", input=kit.Order, state=OrderState)
+        .step(note)
+        .sub_flow(child, lambda order, state: order)
+        .step(pack)
+        .build()
+    )
+    host = await host_factory(parent, child)
+    handle = await host.start(parent, kit.Order(order_id="pw"))
+    iid = handle.instance_id
+    sub_flow = names(parent)[1]
+    child_id = child_instance_id(iid, "", parent.node_named(sub_flow).step_id)  # type: ignore[union-attr]
+    await until_state(host, iid, InstanceState.SUSPENDED)
+    await until_state(host, child_id, InstanceState.SUSPENDED)
+    await host.terminate(iid, "stuck", by="ops")
+    await until_state(host, child_id, InstanceState.TERMINATED)
+    await until_state(host, iid, InstanceState.TERMINATED)
+
+    with pytest.raises(flowx.IllegalState) as first_the_child:
+        await host.replay(iid, sub_flow, dry_run=True)
+    assert "which is Terminated; replay the child first" in str(first_the_child.value)
+    await host.replay(child_id, "ok")
+    await until_state(host, child_id, InstanceState.SUSPENDED)
+    await host.signal(child_id, "ok", {})
+    await until_state(host, child_id, InstanceState.COMPLETED)
+    await host.replay(iid, sub_flow)
+    await until_state(host, iid, InstanceState.COMPLETED)
+    assert (calls["note"], calls["ship"], calls["pack"]) == (1, 1, 1)
+
+
+def _napping(first: str | None = None) -> flowx.Plan:
+    """note (named ``first``, to change the plan under its version) → reserve → a 1 h sleep
+    → charge → wait for ``go`` → pack."""
+    return (
+        flowx.flow("rr.nap", version="1", input=kit.Order, state=OrderState)
+        .step(note, name=first)
+        .step(reserve, into="reservation", compensate=release)
+        .sleep("1h")
+        .step(charge, into="payment", compensate=refund, compensate_retry=NO_RETRY)
+        .await_signal("go", dict)
+        .step(pack)
+        .build()
+    )
+
+
+async def test_a_replayed_instance_quarantined_then_put_back_resumes_its_re_run(
+    host_factory: Any, clock: FakeClock
+) -> None:
+    """A forward replay, then a node with a plan changed under the same version sets the
+    instance aside; put back, it resumes the re-run where it was (its frontier counted
+    after the replay), instead of compensating what the replay re-ran."""
+    plan = _napping()
+    host = await host_factory(plan)
+    handle = await host.start(plan, kit.Order(order_id="q1"))
+    iid = handle.instance_id
+    await until_state(host, iid, InstanceState.SUSPENDED)
+    clock.advance(hours=1, minutes=1)
+    await host.timers.run_once()
+    await until_state(host, iid, InstanceState.SUSPENDED)  # at "go", charged
+    await host.terminate(iid, "stuck", by="ops")
+    await until_state(host, iid, InstanceState.TERMINATED)
+    await host.replay(iid, "rr.reserve")  # undo charge and reserve, re-run reserve, sleep
+    await until_state(host, iid, InstanceState.SUSPENDED)
+    changed = await host_factory(_napping(first="renamed"))
+    clock.advance(hours=1, minutes=1)
+    await changed.timers.run_once()
+    # Idle on the node that set it aside too: until it lets go of its lease, a replay is
+    # refused as busy.
+    await until_state(changed, iid, InstanceState.QUARANTINED)
+
+    with pytest.raises(flowx.IllegalState) as frontier:
+        await host.replay(iid, "go", dry_run=True)
+    assert "stopped before step 'sleep:1h'" in str(frontier.value)
+    await host.replay(iid, "sleep:1h")
+    await until_state(host, iid, InstanceState.SUSPENDED)
+    assert (calls["charge"], calls["refund"], calls["release"]) == (2, 1, 1)
+    state = await _finish(host, iid)
+    assert (state.reservation, state.payment) == ("R-q1", "P-2")

@@ -17,6 +17,8 @@ from flowx.plan.model import Retry
 
 #: The error code of a flow past its deadline (SPEC §8); its failure row ends it TimedOut.
 DEADLINE_EXCEEDED = "flow.deadline_exceeded"
+#: A forward replay's undo of the effects it re-runs ran out (``flowx replay --from``).
+UNDO_FAILED = "replay.undo_failed"
 
 
 def error_payload(exc: BaseException, *, retryable: bool | None = None) -> dict[str, Any]:

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
+from flowx import codec
+from flowx.engine.failures import UNDO_FAILED
 from flowx.engine.history import Attempts, History, journal_order
 from flowx.engine.nodes.children import child_instance_id
 from flowx.engine.saga import compensable, compensation_order
@@ -91,9 +93,7 @@ def plan_replay(
     if wanted is None:
         known = ", ".join(n.name for n in walk(plan.body))
         raise _illegal(f"{plan.ref} has no step {from_step!r} (its steps: {known})")
-    forward = record.state in FORWARD_STATES or (
-        record.state is InstanceState.COMPENSATION_FAILED and record.replay_from is not None
-    )
+    forward = record.state in FORWARD_STATES or _undo_ran_out(record)
     if deadline is not None and not forward:
         raise _illegal(
             f"instance {record.instance_id} is {record.state.value}: a new deadline is for "
@@ -113,11 +113,23 @@ def plan_replay(
     )
 
 
+def _undo_ran_out(record: InstanceRecord) -> bool:
+    """A ``CompensationFailed`` instance whose forward replay's undo ran out (before anything
+    re-ran): replayed forward again. One whose own compensation ran out — after a replay or
+    not — finishes compensating: re-running it forward would redo what it was undoing."""
+    if record.state is not InstanceState.COMPENSATION_FAILED or record.replay_from is None:
+        return False
+    error = codec.loads(record.error) if record.error else None
+    return isinstance(error, dict) and error.get("code") == UNDO_FAILED
+
+
 def _resume(
     plan: Plan, record: InstanceRecord, steps: Sequence[StepRecord], wanted: Node
 ) -> ReplayPlan:
-    """A quarantined instance resumes at its frontier: the first step with no success."""
-    ran = {r.step_id for r in steps if r.outcome is Outcome.SUCCESS}
+    """A quarantined instance resumes at its frontier: the first step with no current
+    success (after an earlier replay, a superseded one does not count)."""
+    view = History(plan, record.instance_id, steps, record.replay_sequence, record.replay_from)
+    ran = {key[1] for key, a in view.attempts.items() if a.success is not None}
     left = [n for n in walk(plan.body) if n.step_id not in ran]
     frontier = left[0] if left else plan.body[-1]
     if wanted.step_id != frontier.step_id:
@@ -165,10 +177,14 @@ def _forward(
             f"{_why_rerun(view, must_rerun[0])}, so it must run again too; replay --from "
             f"{name!r} (or an earlier step)"
         )
-    for key, a in view.attempts.items():
-        node = by_id.get(key[1])
-        if key[1] >= first and isinstance(node, SubFlowNode) and a.last_attempt:
-            _child_rerunnable(iid, wanted, node, key, a, children)
+    for node in nodes:
+        if isinstance(node, SubFlowNode) and node.step_id >= first:
+            # The scopes it ran in, and the top level, where a child may have been started
+            # with no row yet (its parent stopped while waiting for it).
+            scopes = {key[0] for key in view.attempts if key[1] == node.step_id} | {""}
+            for scope in sorted(scopes):
+                a = view.of((scope, node.step_id))
+                _child_rerunnable(iid, wanted, node, (scope, node.step_id), a, children)
     if record.deadline_at is not None and deadline is None and record.deadline_at <= now:
         raise _illegal(
             f"instance {iid} passed its deadline ({record.deadline_at.isoformat()}); give "
@@ -177,7 +193,7 @@ def _forward(
     undo = tuple(
         f"undo {row.step_name}" + (f" [{row.scope}]" if row.scope else "")
         for key, row in sorted(view.stale(), key=lambda kv: kv[1].sequence, reverse=True)
-        if isinstance(node := by_id.get(key[1]), StepNode | SubFlowNode) and compensable(node)
+        if isinstance(n := by_id.get(key[1]), StepNode | SubFlowNode) and compensable(n)
     )
     kept_ids = {key[1] for key, a in earlier if a.success is not None}
     return ReplayPlan(
@@ -207,13 +223,15 @@ def _child_rerunnable(
     result. So the child must have completed — replayed by the operator after it failed —
     and must not have completed before, as the replay would undo it and then find it undone."""
     child_id = child_instance_id(iid, key[0], key[1])
+    state = children.get(child_id)
+    if not a.last_attempt and state is None:
+        return  # never started: the re-run starts it
     if a.stale is not None:
         raise _illegal(
             f"instance {iid} cannot be replayed from {wanted.name!r}: sub-flow {node.name!r} "
             f"after it completed its child instance {child_id}, which cannot run again; "
             "replay this instance from a step after the sub-flow"
         )
-    state = children.get(child_id)
     if state is not InstanceState.COMPLETED:
         ended = state.value if state is not None else "missing from the journal"
         raise _illegal(
@@ -228,13 +246,17 @@ def sub_flow_children(plan: Plan, instance_id: str, steps: Sequence[StepRecord])
     """The ids of the children this instance's sub-flows started: what a forward replay's
     check needs the states of (``children`` of ``plan_replay``)."""
     sub_flows = {n.step_id for n in walk(plan.body) if isinstance(n, SubFlowNode)}
-    return sorted(
-        {
-            child_instance_id(instance_id, r.scope, r.step_id)
-            for r in steps
-            if r.step_id in sub_flows
-        }
-    )
+    started = {
+        child_instance_id(instance_id, r.scope, r.step_id) for r in steps if r.step_id in sub_flows
+    }
+    # A child started with no row in its parent yet (the parent stopped while it waited):
+    # at the top level its id is known without one.
+    top = {
+        child_instance_id(instance_id, "", n.step_id)
+        for n in plan.body
+        if isinstance(n, SubFlowNode)
+    }
+    return sorted(started | top)
 
 
 def _why_rerun(view: History, step_id: int) -> str:

@@ -25,7 +25,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from flowx import codec
-from flowx.engine.failures import DEADLINE_EXCEEDED, error_payload
+from flowx.engine.failures import DEADLINE_EXCEEDED, UNDO_FAILED, error_payload
 from flowx.engine.halt import ENDING, Halt, HaltKind
 from flowx.engine.nodes import children, steps, waits
 from flowx.engine.nodes.children import child_instance_id
@@ -199,7 +199,7 @@ class Execution:
         error = error_payload(
             FlowXError(
                 f"{self.plan.ref}: undoing what the steps being replayed had done",
-                code="replay.undo_failed",
+                code=UNDO_FAILED,
             ),
             retryable=False,
         )

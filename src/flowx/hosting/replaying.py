@@ -72,9 +72,12 @@ async def rearm(
         )
     durable, current = claimed
     try:
-        if current.instance.state is not record.state:
+        moved = current.instance
+        if moved.state is not record.state or moved.next_sequence != record.next_sequence:
+            # What was checked (and listed by a dry run) is no longer the journal.
             raise IllegalState(
-                f"instance {instance_id} moved to {current.instance.state.value} meanwhile"
+                f"instance {instance_id} moved on meanwhile (now {moved.state.value}); "
+                "check it again and replay"
             )
         await stores.waits.rearm(
             instance_id,
@@ -83,6 +86,7 @@ async def rearm(
             from_step=target.step_id,
             rerun_from=target.step_id if target.mode == "forward" else None,
             deadline=deadline,
+            resume=target.mode == "resume",
         )
     finally:
         await durable.release()

@@ -278,6 +278,7 @@ class WaitStore(Protocol):
         from_step: int,
         rerun_from: int | None = None,
         deadline: datetime | None = None,
+        resume: bool = False,
     ) -> InstanceRecord:
         """Re-open a finished instance for a replay, fenced: state ``Pending``,
         ``replay_sequence = next_sequence`` (earlier failures stop counting against retry
@@ -286,8 +287,11 @@ class WaitStore(Protocol):
 
         ``replay_from = rerun_from``: a replay re-running forward from that step (``None``
         for any other replay); it also clears ``stop_request`` (a cancelled instance replayed
-        is no longer being stopped). ``deadline``, when given, replaces ``deadline_at`` (a
-        timed-out instance needs a new one)."""
+        is no longer being stopped) and the wait it was sealed at (``wake_*``: a re-run wait
+        or sleep starts afresh). ``deadline``, when given, replaces ``deadline_at`` (a
+        timed-out instance needs a new one). ``resume`` (a quarantined instance put back)
+        keeps ``replay_sequence`` and ``replay_from`` as they were: nothing re-runs, so the
+        rows count as they did. Every rearm zeroes ``resume_count``: an operator stepped in."""
         ...
 
 

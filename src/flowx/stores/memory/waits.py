@@ -153,17 +153,23 @@ class MemoryWaits:
         from_step: int,
         rerun_from: int | None = None,
         deadline: datetime | None = None,
+        resume: bool = False,
     ) -> InstanceRecord:
         record = self._d.fenced(instance_id, token)
         record = dataclasses.replace(
             record,
             state=InstanceState.PENDING,
-            replay_sequence=record.next_sequence,
+            replay_sequence=record.replay_sequence if resume else record.next_sequence,
             resume_from_step=from_step,
-            replay_from=rerun_from,
+            replay_from=record.replay_from if resume else rerun_from,
             stop_request=record.stop_request if rerun_from is None else None,
             deadline_at=deadline or record.deadline_at,
+            resume_count=0,
             updated_at=now,
         )
+        if rerun_from is not None:
+            record = dataclasses.replace(
+                record, wake_at=None, wake_step_id=None, wake_scope=None, wake_signal=None
+            )
         self._d.instances[instance_id] = record
         return record

@@ -85,11 +85,18 @@ NEXT_WAKE_CARRIED: Final[LiteralString] = (
 
 # A replay re-opens the instance; history is untouched. Primary key.
 REARM: Final[LiteralString] = (
-    "UPDATE flow_instance SET state = 'Pending', replay_sequence = next_sequence, "
-    "resume_from_step = %(from_step)s, replay_from = %(rerun_from)s::integer, "
+    "UPDATE flow_instance SET state = 'Pending', "
+    "replay_sequence = CASE WHEN %(resume)s THEN replay_sequence ELSE next_sequence END, "
+    "resume_from_step = %(from_step)s, "
+    "replay_from = CASE WHEN %(resume)s THEN replay_from ELSE %(rerun_from)s::integer END, "
     "stop_request = CASE WHEN %(rerun_from)s::integer IS NULL THEN stop_request END, "
-    "deadline_at = COALESCE(%(deadline)s::timestamptz, deadline_at), updated_at = %(now)s, "
-    "version = version + 1 WHERE instance_id = %(instance_id)s RETURNING " + INSTANCE_COLUMNS
+    "wake_at = CASE WHEN %(rerun_from)s::integer IS NULL THEN wake_at END, "
+    "wake_step_id = CASE WHEN %(rerun_from)s::integer IS NULL THEN wake_step_id END, "
+    "wake_scope = CASE WHEN %(rerun_from)s::integer IS NULL THEN wake_scope END, "
+    "wake_signal = CASE WHEN %(rerun_from)s::integer IS NULL THEN wake_signal END, "
+    "deadline_at = COALESCE(%(deadline)s::timestamptz, deadline_at), resume_count = 0, "
+    "updated_at = %(now)s, version = version + 1 "
+    "WHERE instance_id = %(instance_id)s RETURNING " + INSTANCE_COLUMNS
 )
 
 
@@ -196,6 +203,7 @@ class PostgresWaits:
         from_step: int,
         rerun_from: int | None = None,
         deadline: datetime | None = None,
+        resume: bool = False,
     ) -> InstanceRecord:
         async with self._db.connection() as conn, conn.transaction():
             await _lock_fenced(conn, instance_id, token)
@@ -204,6 +212,7 @@ class PostgresWaits:
                 "instance_id": instance_id,
                 "from_step": from_step,
                 "rerun_from": rerun_from,
+                "resume": resume,
                 "deadline": deadline,
                 "now": now,
             }

@@ -96,10 +96,16 @@ NEXT_WAKE_CARRIED: Final = (
 
 # A replay re-opens the instance; history is untouched. Primary key.
 REARM: Final = (
-    "UPDATE flow_instance SET state = 'Pending', replay_sequence = next_sequence, "
-    "resume_from_step = :from_step, replay_from = :rerun_from, "
+    "UPDATE flow_instance SET state = 'Pending', "
+    "replay_sequence = CASE WHEN :resume THEN replay_sequence ELSE next_sequence END, "
+    "resume_from_step = :from_step, "
+    "replay_from = CASE WHEN :resume THEN replay_from ELSE :rerun_from END, "
     "stop_request = CASE WHEN :rerun_from IS NULL THEN stop_request END, "
-    "deadline_at = COALESCE(:deadline, deadline_at), updated_at = :now, "
+    "wake_at = CASE WHEN :rerun_from IS NULL THEN wake_at END, "
+    "wake_step_id = CASE WHEN :rerun_from IS NULL THEN wake_step_id END, "
+    "wake_scope = CASE WHEN :rerun_from IS NULL THEN wake_scope END, "
+    "wake_signal = CASE WHEN :rerun_from IS NULL THEN wake_signal END, "
+    "deadline_at = COALESCE(:deadline, deadline_at), resume_count = 0, updated_at = :now, "
     "version = version + 1 WHERE instance_id = :instance_id"
 )
 
@@ -232,6 +238,7 @@ class SqliteWaits:
         from_step: int,
         rerun_from: int | None = None,
         deadline: datetime | None = None,
+        resume: bool = False,
     ) -> InstanceRecord:
         def tx(conn: sqlite3.Connection) -> InstanceRecord:
             _check_fence(conn, instance_id, token)
@@ -240,6 +247,7 @@ class SqliteWaits:
                 {
                     "from_step": from_step,
                     "rerun_from": rerun_from,
+                    "resume": resume,
                     "deadline": to_text(deadline) if deadline is not None else None,
                     "now": to_text(now),
                     "instance_id": instance_id,

@@ -346,9 +346,11 @@ class WaitStoreConformance(SignalConformance):
                 error='{"why": "x"}',
             )
         )
-        await j.open(iid, token=2, now=at(4))
+        opened = await j.open(iid, token=2, now=at(4))
+        assert opened.instance.resume_count == 1
         record = await stores.waits.rearm(iid, token=2, now=at(9), from_step=2)
         assert record.state is InstanceState.PENDING
+        assert record.resume_count == 0  # an operator stepped in: takeovers counted afresh
         assert record.replay_sequence == 3  # the next_sequence it had
         assert record.next_sequence == 3
         assert record.resume_from_step == 2
