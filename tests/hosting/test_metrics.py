@@ -137,9 +137,9 @@ async def test_a_takeover_and_a_late_timer_are_measured_where_the_instance_is_ta
     await first.store.leases.release(held, now=None)  # as if its node had died
     taken = metrics.TAKEOVERS.get("met.order")
     second = await host_factory(flow)
-    gate.set()
     clock.advance(timedelta(seconds=40))
     assert await second.resume(running.instance_id) == "resumed"
+    gate.set()
     assert metrics.TAKEOVERS.get("met.order") == taken + 1
     assert metrics.TAKEOVER_DELAY_SECONDS.count("met.order") >= 1
 

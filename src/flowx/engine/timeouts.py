@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from concurrent.futures import Executor, Future
+from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
@@ -24,6 +25,7 @@ from flowx.capability import Capability
 from flowx.clock import Clock
 from flowx.engine.stops import StopReached, StopWatch
 from flowx.errors import FlowXError
+from flowx.tracing import span
 
 #: The error code of an attempt that ran past its step timeout.
 STEP_TIMED_OUT = "step.timed_out"
@@ -79,20 +81,43 @@ async def invoke_bounded(
     the run's watch, and whether a cancel cuts this attempt or only a terminate does). A sync
     capability's thread is abandoned (never waited for again) when the attempt ends without
     it: on a timeout, a stop, or when the run itself is cancelled (a drain cut short).
+
+    Every attempt — a step's or a compensation's — passes here, so here it is traced: one
+    span per attempt (``flowx.step`` / ``flowx.compensate``), a child of the run's.
     """
-    if stop is None:
-        return await _bounded(cap, ctx, argument, executor, limit, by_deadline, what)
-    watch, by_cancel = stop
-    armed = watch.arm(by_cancel=by_cancel)
-    try:
-        return await _bounded(cap, ctx, argument, executor, limit, by_deadline, what)
-    except asyncio.CancelledError:
-        request = watch.cut(armed)
-        if request is None:
-            raise
-        raise StopReached(request) from None
-    finally:
-        watch.disarm(armed)
+    with attempt_span(cap, ctx):
+        if stop is None:
+            return await _bounded(cap, ctx, argument, executor, limit, by_deadline, what)
+        watch, by_cancel = stop
+        armed = watch.arm(by_cancel=by_cancel)
+        try:
+            return await _bounded(cap, ctx, argument, executor, limit, by_deadline, what)
+        except asyncio.CancelledError:
+            request = watch.cut(armed)
+            if request is None:
+                raise
+            raise StopReached(request) from None
+        finally:
+            watch.disarm(armed)
+
+
+def attempt_span(cap: Capability, ctx: Any) -> AbstractContextManager[Any]:
+    """The span of one attempt, with where it ran as attributes (``flowx.tracing``); none
+    for a call with no step context (a bare capability call)."""
+    if ctx is None:
+        return contextlib.nullcontext()
+    return span(
+        "flowx.compensate" if ctx.compensating else "flowx.step",
+        {
+            "flow": ctx.flow_id,
+            "version": ctx.flow_version,
+            "instance": ctx.instance_id,
+            "step": ctx.step_name,
+            "scope": ctx.scope or None,
+            "attempt": ctx.attempt,
+            "capability": cap.ref,
+        },
+    )
 
 
 #: What ``invoke_bounded`` needs to let a stop cut an attempt: the run's watch, and whether

@@ -18,6 +18,7 @@ from flowx.errors import InputInvalid, SerialisationError
 from flowx.hosting.storable import partition_of, tenant_key
 from flowx.plan.model import Plan, SubFlowNode
 from flowx.stores.records import InstanceRecord, InstanceState, NewInstance
+from flowx.tracing import current_context
 from flowx.validation import problems
 
 #: Instance ids from idempotency keys are derived, so two racing starts contend for one lease.
@@ -54,6 +55,7 @@ def new_instance(
         correlation_id=correlation_id,
         deadline_at=now + plan.deadline if plan.deadline else None,
         codec_version=codec.CODEC_VERSION,
+        trace_context=current_context(),
     )
 
 
@@ -92,6 +94,8 @@ def child_instance(
         parent_scope=scope,
         parent_step_id=node.step_id,
         codec_version=codec.CODEC_VERSION,
+        # Started from the parent's run: the same trace (``flowx.tracing``).
+        trace_context=current_context() or parent.trace_context,
     )
 
 

@@ -58,6 +58,7 @@ from flowx.plan.model import Plan
 from flowx.stores.errors import InstanceFinished, UnknownInstance
 from flowx.stores.protocols import Stores
 from flowx.stores.records import InstanceRecord, SignalReceipt, StopRequest
+from flowx.tracing import annotate, span
 
 log = logging.getLogger("flowx.host")
 
@@ -309,16 +310,19 @@ class FlowHost:
             existing = await stores.journal.find_by_key(plan.flow_id, idempotency_key)
             if existing is not None:
                 return self._existing(plan, existing, input_text)
-        new = new_instance(
-            plan,
-            value,
-            input_text,
-            idempotency_key=idempotency_key,
-            correlation_id=correlation_id,
-            run_here=run_here,
-            now=ctx.clock.now(),
-        )
-        launched = await self._runner.launch(plan, new, run_here=run_here)
+        attrs = {"flow": plan.flow_id, "version": plan.version, "tenant": None}
+        with span("flowx.start", attrs) as started:
+            new = new_instance(
+                plan,
+                value,
+                input_text,
+                idempotency_key=idempotency_key,
+                correlation_id=correlation_id,
+                run_here=run_here,
+                now=ctx.clock.now(),
+            )
+            annotate(started, instance=new.instance_id, tenant=new.tenant_id)
+            launched = await self._runner.launch(plan, new, run_here=run_here)
         if launched.existing is not None:
             return self._existing(plan, launched.existing, input_text)
         return FlowHandle(self, plan, launched.instance_id, created=launched.created)
@@ -395,12 +399,16 @@ class FlowHost:
         admitted = admission.admit(target, record, steps)
         if admitted.settled is not None:
             return admitted.settled
-        try:
-            receipt = await stores.waits.signal(
-                instance_id, name, text, key=key, now=self._ctx.clock.now(), limit=admitted.limit
-            )
-        except UnknownInstance as exc:
-            raise InstanceNotFound(instance_id) from exc
+        attrs = {"flow": record.flow_id, "instance": instance_id, "signal": name}
+        with span("flowx.signal", attrs, parent=record.trace_context) as delivered:
+            try:
+                receipt = await stores.waits.signal(
+                    instance_id, name, text, key=key, now=self._ctx.clock.now(),
+                    limit=admitted.limit,
+                )  # fmt: skip
+            except UnknownInstance as exc:
+                raise InstanceNotFound(instance_id) from exc
+            annotate(delivered, status=receipt.status)
         if receipt.status == "woken" and run_here:
             self._runner.wake(instance_id)
         return receipt

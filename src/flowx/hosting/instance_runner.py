@@ -30,7 +30,7 @@ from flowx.hosting import stopping
 from flowx.hosting.context import NodeContext
 from flowx.hosting.creation import child_instance
 from flowx.hosting.lease import DurableLease
-from flowx.hosting.outcomes import after_run, hand_back, taken_over
+from flowx.hosting.outcomes import after_run, hand_back, run_span, taken_over
 from flowx.hosting.ports import DurableCommitter, DurableWaits, EphemeralCommitter
 from flowx.hosting.quarantine import quarantine
 from flowx.hosting.recovery import RecoveryService, ResumeVerdict
@@ -56,6 +56,7 @@ from flowx.stores.records import (
     SignalRecord,
     StepRecord,
 )
+from flowx.tracing import annotate
 
 log = logging.getLogger("flowx.host")
 QUARANTINED = InstanceState.QUARANTINED
@@ -469,7 +470,9 @@ class InstanceRunner:
             threads = RunThreads(self._ctx.threads) if self._ctx.threads is not None else None
             execution = self._execution(spec, lease, record, inbox, threads)
             try:
-                result = await execution.run()
+                with run_span(plan, record) as current:
+                    result = await execution.run()
+                    annotate(current, outcome=result.outcome)
             except asyncio.CancelledError:
                 if not self._ctx.accepting:
                     await hand_back(execution, iid, CANCEL_GRACE / 2)

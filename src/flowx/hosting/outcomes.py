@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from datetime import datetime
+from typing import Any
 
 from flowx.engine.runner import Execution, RunResult
 from flowx.hosting.context import NodeContext
@@ -26,6 +28,7 @@ from flowx.metrics import (
 )
 from flowx.plan.model import Plan
 from flowx.stores.records import InstanceRecord, InstanceState
+from flowx.tracing import span
 
 log = logging.getLogger("flowx.host")
 
@@ -65,6 +68,22 @@ async def after_run(
         # here only saves the wait for a recovery sweep. Its own task: this lease is
         # released first.
         wake(parent)
+
+
+def run_span(plan: Plan, record: InstanceRecord) -> AbstractContextManager[Any]:
+    """The span of one run of ``record`` on this node: in the trace its start began
+    (``trace_context``), whichever node started it (``flowx.tracing``)."""
+    return span(
+        "flowx.run",
+        {
+            "flow": plan.flow_id,
+            "version": plan.version,
+            "instance": record.instance_id,
+            "tenant": record.tenant_id,
+            "resumed_from": record.state.value,
+        },
+        parent=record.trace_context,
+    )
 
 
 def taken_over(record: InstanceRecord, now: datetime) -> None:

@@ -31,13 +31,13 @@ INSTANCE_COLUMNS: Final = (
     "state_bag_sequence, error, tenant_id, idempotency_key, correlation_id, deadline_at, "
     "parent_instance_id, parent_scope, parent_step_id, resume_count, codec_version, "
     "created_at, updated_at, wake_at, wake_step_id, wake_scope, wake_signal, replay_sequence, "
-    "resume_from_step, stop_request, replay_from"
+    "resume_from_step, stop_request, replay_from, trace_context"
 )
 #: The columns a create writes (``FlowJournal.create``); the rest keep their defaults.
 CREATE_COLUMNS: Final = (
     "instance_id, flow_id, flow_version, tenant_id, state, fence, input, state_bag, "
     "idempotency_key, correlation_id, deadline_at, parent_instance_id, parent_scope, "
-    "parent_step_id, codec_version, created_at, updated_at"
+    "parent_step_id, codec_version, created_at, updated_at, trace_context"
 )
 #: Every ``flow_step`` column, in ``StepRecord`` field order; a commit writes all of them.
 STEP_COLUMNS: Final = (

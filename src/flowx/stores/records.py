@@ -84,6 +84,8 @@ class NewInstance:
     parent_scope: str | None = None
     parent_step_id: int | None = None
     codec_version: int = 1
+    #: The W3C ``traceparent`` of the span that started it (``flowx.tracing``), or ``None``.
+    trace_context: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -130,6 +132,8 @@ class InstanceRecord:
     #: and their rows journaled before ``replay_sequence`` no longer count (``None`` for any
     #: other replay).
     replay_from: int | None = None
+    #: The trace its runs continue (``NewInstance.trace_context``).
+    trace_context: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -36,10 +36,11 @@ WITH input AS (
         %(tenant_ids)b::text[], %(states)b::text[], %(inputs)b::text[], %(state_bags)b::text[],
         %(keys)b::text[], %(correlations)b::text[], %(deadlines)b::timestamptz[],
         %(parents)b::uuid[], %(parent_scopes)b::text[], %(parent_steps)b::int[],
-        %(codecs)b::int[]
+        %(codecs)b::int[], %(traces)b::text[]
     ) WITH ORDINALITY AS i(instance_id, flow_id, flow_version, tenant_id, state, input,
                            state_bag, idempotency_key, correlation_id, deadline_at,
-                           parent_instance_id, parent_scope, parent_step_id, codec_version, ord)
+                           parent_instance_id, parent_scope, parent_step_id, codec_version,
+                           trace_context, ord)
 ), t AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ), granted AS (
@@ -57,7 +58,7 @@ WITH input AS (
     SELECT i.instance_id, i.flow_id, i.flow_version, i.tenant_id, i.state, g.fencing_token,
            i.input::json, i.state_bag::json, i.idempotency_key, i.correlation_id, i.deadline_at,
            i.parent_instance_id, i.parent_scope, i.parent_step_id, i.codec_version,
-           g.acquired_at, g.acquired_at
+           g.acquired_at, g.acquired_at, i.trace_context
       FROM input i JOIN granted g ON g.instance_id = i.instance_id
      ORDER BY i.instance_id
     ON CONFLICT DO NOTHING
@@ -106,6 +107,7 @@ def batch_params(
         "parent_scopes": [i.parent_scope for i in instances],
         "parent_steps": [i.parent_step_id for i in instances],
         "codecs": [i.codec_version for i in instances],
+        "traces": [i.trace_context for i in instances],
         "owner": owner,
         "ttl": ttl,
         "now": now,

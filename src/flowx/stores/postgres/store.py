@@ -77,7 +77,7 @@ INSERT_INSTANCE: Final[LiteralString] = (
     "%(token)s, %(input)s::json, %(state_bag)s::json, %(idempotency_key)s, "
     "%(correlation_id)s, %(deadline_at)s, %(parent_instance_id)s, %(parent_scope)s, "
     "%(parent_step_id)s, %(codec_version)s, coalesce(%(now)s::timestamptz, now()), "
-    "coalesce(%(now)s::timestamptz, now())) "
+    "coalesce(%(now)s::timestamptz, now()), %(trace_context)s) "
     "ON CONFLICT DO NOTHING RETURNING " + INSTANCE_COLUMNS
 )
 
@@ -129,7 +129,7 @@ WITH t AS (
            g.fencing_token, %(input)s::json, %(state_bag)s::json, %(idempotency_key)s,
            %(correlation_id)s, %(deadline_at)s::timestamptz, %(parent_instance_id)s::uuid,
            %(parent_scope)s, %(parent_step_id)s::int, %(codec_version)s, g.acquired_at,
-           g.acquired_at
+           g.acquired_at, %(trace_context)s::text
       FROM granted g
     ON CONFLICT DO NOTHING
     RETURNING """
@@ -216,6 +216,7 @@ def create_params(instance: NewInstance, token: int, now: datetime | None) -> di
         "parent_scope": instance.parent_scope,
         "parent_step_id": instance.parent_step_id,
         "codec_version": instance.codec_version,
+        "trace_context": instance.trace_context,
         "now": now,
     }
 

@@ -82,7 +82,7 @@ def create_in(
     stamp = to_text(or_process_now(now))  # read under the write lock
     conn.execute(
         f"INSERT INTO flow_instance ({CREATE_COLUMNS}) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
             instance.instance_id,
             instance.flow_id,
@@ -101,6 +101,7 @@ def create_in(
             instance.codec_version,
             stamp,
             stamp,
+            instance.trace_context,
         ),
     )
     created = read_instance(conn, instance.instance_id)

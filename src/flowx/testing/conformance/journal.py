@@ -88,6 +88,14 @@ class JournalConformance:
         assert [(r.step_id, r.sequence) for r in rows] == [(3, 1), (1, 2), (2, 3)]
         assert (await stores.journal.get(iid)).next_sequence == 4
 
+    async def test_an_instance_keeps_the_trace_it_was_started_in(self, stores: Any) -> None:
+        parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+        traced = await stores.journal.create(instance(trace_context=parent), token=1, now=at(0))
+        untraced = await stores.journal.create(instance(), token=1, now=at(0))
+        assert traced.instance.trace_context == parent
+        assert (await stores.journal.get(traced.instance.instance_id)).trace_context == parent
+        assert (await stores.journal.get(untraced.instance.instance_id)).trace_context is None
+
     async def test_a_step_row_keeps_the_node_that_wrote_it(self, stores: Any) -> None:
         """The step timeline names the node of each attempt, alone or grouped with others
         (a store that batches concurrent commits writes it in both paths)."""

@@ -293,7 +293,10 @@ class LeaseStoreConformance:
         first, made = await declared.create_leased(known, owner="n0", ttl=TTL, now=at(0))
         assert first is not None and made is not None and made.created
         await stores.leases.release(first, now=at(0))
-        fresh = [instance(new_id(), input=f'{{"n":{n}}}') for n in range(20)]
+        fresh = [
+            instance(new_id(), input=f'{{"n":{n}}}', trace_context=f"00-{n:032x}-{n:016x}-01")
+            for n in range(20)
+        ]
         again = instance(new_id(), idempotency_key="together-1")
         starts = [*fresh, instance(held), again]
         outcomes = await asyncio.gather(
@@ -303,6 +306,7 @@ class LeaseStoreConformance:
             assert lease is not None and result is not None and result.created
             assert result.instance.instance_id == start.instance_id
             assert result.instance.input == start.input
+            assert result.instance.trace_context == start.trace_context  # batched or alone
             assert result.instance.fence == lease.token
             assert (await stores.leases.current(start.instance_id)).owner == "n1"
         assert outcomes[-2] == (None, None)

@@ -1,0 +1,80 @@
+"""OpenTelemetry spans for what FlowX does (R9.6), through ``opentelemetry-api`` only.
+
+``flowx[otel]`` brings the API; the application installs an SDK and an exporter, as with any
+instrumented library. Without the API nothing here does anything; with it and no SDK the
+spans are the API's no-op ones.
+
+An instance is one trace, whichever nodes run it: ``host.start`` opens ``flowx.start`` and
+the instance row keeps its W3C ``traceparent`` (``trace_context``); every run of it — on the
+node that started it, on another after a crash, woken by a timer or a signal — opens
+``flowx.run`` as a child of that context, and a sub-flow child is started with the context of
+its parent's run. Step attempts and compensations are children of the run
+(``flowx.step``, ``flowx.compensate``); a delivered signal is ``flowx.signal``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+_trace: Any
+_propagator: Any
+_tracer: Any
+try:  # optional: flowx[otel]
+    from opentelemetry import trace as _trace
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    _propagator = TraceContextTextMapPropagator()
+    #: A proxy: it picks up whatever tracer provider the application installs, even later.
+    _tracer = _trace.get_tracer("flowx")
+except ImportError:  # pragma: no cover - exercised only without the extra
+    _trace = None
+    _propagator = None
+    _tracer = None
+
+Attributes = Mapping[str, str | int | bool | None]
+
+
+def current_context() -> str | None:
+    """The ``traceparent`` of the span current here, to keep with what it starts (an
+    instance row); ``None`` without the API or outside any span."""
+    if _propagator is None:
+        return None
+    carrier: dict[str, str] = {}
+    _propagator.inject(carrier)
+    return carrier.get("traceparent")
+
+
+@contextlib.contextmanager
+def span(name: str, attributes: Attributes, *, parent: str | None = None) -> Iterator[Any]:
+    """A span named ``name``, current for the block: a child of ``parent`` (a kept
+    ``traceparent``) when given, else of whatever span is current. An exception leaving the
+    block is recorded on it, and the span marked as an error; ``None`` attributes are left
+    out."""
+    if _trace is None:
+        yield None
+        return
+    context = _propagator.extract({"traceparent": parent}) if parent else None
+    attrs = {f"flowx.{k}": v for k, v in attributes.items() if v is not None}
+    with _tracer.start_as_current_span(name, context=context, attributes=attrs) as current:
+        yield current
+
+
+def annotate(current: Any, **attributes: str | int | bool | None) -> None:
+    """Set attributes learnt during the span (its outcome, an error code)."""
+    if current is None or not current.is_recording():
+        return
+    for key, value in attributes.items():
+        if value is not None:
+            current.set_attribute(f"flowx.{key}", value)
+
+
+def use(provider: Any) -> None:
+    """Trace through ``provider`` (an SDK ``TracerProvider``) rather than the global one;
+    ``None`` goes back to the global. For a test, or an application that keeps FlowX's spans
+    apart; others install their provider globally and need not call this."""
+    global _tracer
+    if _trace is None:
+        raise RuntimeError("opentelemetry-api is not installed: pip install 'flowx[otel]'")
+    _tracer = provider.get_tracer("flowx") if provider is not None else _trace.get_tracer("flowx")

@@ -1,0 +1,139 @@
+"""Tracing (R9.6): one instance is one trace, across nodes and into its sub-flow children —
+the start, every run (here and on the node that took it over), every step attempt and
+compensation, and a delivered signal — recorded by the OpenTelemetry SDK's in-memory
+exporter."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from pydantic import BaseModel
+
+import flowx
+from flowx import tracing
+from flowx.engine.runner import child_instance_id
+from flowx.stores.records import InstanceState
+from flowx.testing import FakeClock
+from tests.engine import kit
+from tests.engine.kit import Ledger, until_state
+from tests.engine.kit import fresh_ledgers as _reset  # noqa: F401 - autouse
+from tests.support.polling import until
+
+ledger = Ledger("trc")
+calls, gates = ledger.calls, ledger.gates
+reserve = ledger.capability("reserve")
+release = ledger.undo("release")
+charge = ledger.capability("charge")
+ship = ledger.capability("ship", non_retryable=True)
+
+
+class State(BaseModel):
+    reservation: str | None = None
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.use(provider)
+    try:
+        yield exporter
+    finally:
+        tracing.use(None)
+
+
+def _of(exporter: InMemorySpanExporter, instance: str) -> list[ReadableSpan]:
+    return [
+        s
+        for s in exporter.get_finished_spans()
+        if s.attributes is not None and s.attributes.get("flowx.instance") == instance
+    ]
+
+
+async def test_a_run_taken_over_by_another_node_continues_the_same_trace(
+    host_factory: Any, spans: InMemorySpanExporter, clock: FakeClock
+) -> None:
+    plan = (
+        flowx.flow("trc.order", version="1", input=kit.Order, state=State)
+        .step(reserve, into="reservation")
+        .step(charge)
+        .build()
+    )
+    first = await host_factory(plan)
+    gates["charge"] = asyncio.Event()  # held: the first node "dies" in charge
+    handle = await first.start(plan, kit.Order(order_id="t1"))
+    iid = handle.instance_id
+    await until(lambda: calls["charge"] == 1, within=5, what="charge running")
+    assert first.store is not None
+    held = await first.store.leases.current(iid)
+    assert held is not None
+    await first.store.leases.release(held, now=clock.now())  # as if its node had died
+    second = await host_factory(plan)
+    clock.advance(seconds=1)  # past the released lease
+    assert await second.resume(iid) == "resumed"  # fence raised: the first node's commit fails
+    await until(lambda: calls["charge"] == 2, within=5, what="charge re-run on the second")
+    gates["charge"].set()
+    await until_state(second, iid, InstanceState.COMPLETED)
+    await until(lambda: len([s for s in _of(spans, iid) if s.name == "flowx.run"]) == 2,
+                within=5, what="both runs ended")  # fmt: skip
+
+    mine = _of(spans, iid)
+    by_name: dict[str, list[ReadableSpan]] = {}
+    for s in mine:
+        by_name.setdefault(s.name, []).append(s)
+    [start] = by_name["flowx.start"]
+    assert start.context is not None
+    trace_id = start.context.trace_id
+    assert {s.context.trace_id for s in mine if s.context is not None} == {trace_id}
+    runs = by_name["flowx.run"]
+    assert all(r.parent is not None and r.parent.span_id == start.context.span_id for r in runs)
+    steps = [(s.attributes or {}).get("flowx.step") for s in by_name["flowx.step"]]
+    assert steps.count("trc.reserve") == 1 and steps.count("trc.charge") == 2  # re-run once
+    run_ids = {r.context.span_id for r in runs if r.context is not None}
+    assert all(s.parent is not None and s.parent.span_id in run_ids for s in by_name["flowx.step"])
+    assert {(r.attributes or {}).get("flowx.outcome") for r in runs} >= {"completed"}
+
+
+async def test_a_child_a_compensation_and_a_signal_are_in_the_parent_s_trace(
+    host_factory: Any, spans: InMemorySpanExporter
+) -> None:
+    child = (
+        flowx.flow("trc.child", version="1", input=kit.Order)
+        .await_signal("go", dict)
+        .step(ship)
+        .build()
+    )
+    parent = (
+        flowx.flow("trc.parent", version="1", input=kit.Order, state=State)
+        .step(reserve, into="reservation", compensate=release)
+        .sub_flow(child, lambda order, state: order)
+        .build()
+    )
+    host = await host_factory(parent, child)
+    ledger.broken.add("ship")  # the child fails, so the parent compensates its reservation
+    handle = await host.start(parent, kit.Order(order_id="t2"))
+    iid = handle.instance_id
+    child_id = child_instance_id(iid, "", parent.body[1].step_id)
+    await until_state(host, iid, InstanceState.SUSPENDED)  # waiting on its child
+    await until_state(host, child_id, InstanceState.SUSPENDED)
+    await host.signal(child_id, "go", {})
+    await until_state(host, iid, InstanceState.FAILED)
+
+    [start] = [s for s in _of(spans, iid) if s.name == "flowx.start"]
+    assert start.context is not None
+    trace_id = start.context.trace_id
+    theirs = _of(spans, child_id)
+    assert {s.name for s in theirs} >= {"flowx.run", "flowx.signal", "flowx.step"}
+    assert {s.context.trace_id for s in theirs if s.context is not None} == {trace_id}
+    [undo] = [s for s in _of(spans, iid) if s.name == "flowx.compensate"]
+    assert undo.context is not None and undo.context.trace_id == trace_id
+    assert (undo.attributes or {}).get("flowx.step") == "trc.reserve"
+    failed = [s for s in theirs if s.name == "flowx.step"]
+    assert failed and not failed[0].status.is_ok
