@@ -3,7 +3,7 @@
 The engine tests (``tests/engine/test_waits.py``, ``test_compensation_failure.py``,
 ``test_sub_flows_and_forks.py``, ``test_saga_edges.py``, ``test_unstorable_values.py``,
 ``test_step_timeouts.py``, ``test_cancel_terminate.py``, ``test_quarantine.py``,
-``test_replay_from_step.py``) are
+``test_replay_from_step.py``, and ``tests/hosting/test_tracing.py``) are
 written against the ``memory_store`` fixture. Here that fixture is a real SQLite file and a real
 PostgreSQL schema instead, and the same tests run unmodified: a construct that works only in
 memory fails here.
@@ -38,6 +38,8 @@ from tests.engine.test_unstorable_values import *  # noqa: F403
 from tests.engine.test_unstorable_values import _reset as _reset_unstorable  # noqa: F401
 from tests.engine.test_waits import *  # noqa: F403
 from tests.engine.test_waits import _reset as _reset_waits  # noqa: F401
+from tests.hosting.test_tracing import *  # noqa: F403
+from tests.hosting.test_tracing import _reset as _reset_tracing  # noqa: F401
 from tests.postgres_support import PG_DSN
 from tests.support.hosts import fold_settings
 

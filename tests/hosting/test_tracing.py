@@ -18,6 +18,8 @@ from pydantic import BaseModel
 import flowx
 from flowx import tracing
 from flowx.engine.runner import child_instance_id
+from flowx.outbox.publisher import headers
+from flowx.outbox.recording import RecordingPublisher
 from flowx.stores.records import InstanceState
 from flowx.testing import FakeClock
 from tests.engine import kit
@@ -137,3 +139,73 @@ async def test_a_child_a_compensation_and_a_signal_are_in_the_parent_s_trace(
     assert (undo.attributes or {}).get("flowx.step") == "trc.reserve"
     failed = [s for s in theirs if s.name == "flowx.step"]
     assert failed and not failed[0].status.is_ok
+
+
+@flowx.event("trc.reserved", version="1")
+class Reserved(BaseModel):
+    order_id: str
+
+
+async def test_an_emitted_event_carries_the_instance_s_trace_to_its_consumer(
+    host_factory: Any, spans: InMemorySpanExporter
+) -> None:
+    """The event is staged with the trace context it was emitted in, and every broker
+    adapter sends it as the W3C ``traceparent`` header (``outbox.publisher.headers``)."""
+    plan = (
+        flowx.flow("trc.emits", version="1", input=kit.Order, state=State)
+        .step(reserve, into="reservation")
+        .emit(Reserved, lambda o, s: Reserved(order_id=o.order_id))
+        .build()
+    )
+    host = await host_factory(plan)
+    handle = await host.start(plan, kit.Order(order_id="t3"))
+    await handle.result(timeout=5)
+    [start] = [s for s in _of(spans, handle.instance_id) if s.name == "flowx.start"]
+    assert host.store is not None
+    [event] = await host.store.journal.events(handle.instance_id)
+    assert event.trace_context is not None and start.context is not None
+    assert event.trace_context.split("-")[1] == f"{start.context.trace_id:032x}"
+    assert headers(event)["traceparent"] == event.trace_context
+
+
+async def test_publishing_a_batch_is_a_span_of_its_own(
+    host_factory: Any, spans: InMemorySpanExporter
+) -> None:
+    plan = (
+        flowx.flow("trc.emits2", version="1", input=kit.Order, state=State)
+        .emit(Reserved, lambda o, s: Reserved(order_id=o.order_id))
+        .build()
+    )
+    broker = RecordingPublisher()
+    host = await host_factory(plan, publisher=broker)
+    handle = await host.start(plan, kit.Order(order_id="t5"))
+    await handle.result(timeout=5)
+    await until(lambda: len(broker.received) == 1, within=5, what="the event published")
+    await until(
+        lambda: any(s.name == "flowx.publish" for s in spans.get_finished_spans()),
+        within=5,
+        what="the publish span ended",
+    )
+    [sent] = [s for s in spans.get_finished_spans() if s.name == "flowx.publish"]
+    assert (sent.attributes or {}).get("flowx.broker") == "recording"
+    assert (sent.attributes or {}).get("flowx.acknowledged") == 1
+    assert headers(broker.received[0])["traceparent"] == broker.received[0].trace_context
+
+
+async def test_a_due_timer_is_woken_in_the_instance_s_trace(
+    host_factory: Any, spans: InMemorySpanExporter, clock: FakeClock
+) -> None:
+    plan = flowx.flow("trc.nap", version="1", input=kit.Order).sleep("1m").step(reserve).build()
+    host = await host_factory(plan)
+    handle = await host.start(plan, kit.Order(order_id="t4"))
+    iid = handle.instance_id
+    await until_state(host, iid, InstanceState.SUSPENDED)
+    clock.advance(minutes=3)
+    await host.timers.run_once()
+    await until_state(host, iid, InstanceState.COMPLETED)
+    mine = _of(spans, iid)
+    [start] = [s for s in mine if s.name == "flowx.start"]
+    [woke] = [s for s in mine if s.name == "flowx.timer_wake"]
+    assert start.context is not None and woke.context is not None
+    assert woke.context.trace_id == start.context.trace_id
+    assert (woke.attributes or {}).get("flowx.late_ms") == 120_000

@@ -26,6 +26,7 @@ from flowx.engine.timeouts import invoke_bounded
 from flowx.plan.model import DEFAULT_COMPENSATION_RETRY, Retry, StepNode, SubFlowNode, walk
 from flowx.stores.errors import FencedOut, LeaseLost
 from flowx.stores.records import EventWrite, InstanceState, Outcome
+from flowx.tracing import current_context
 
 #: The event staged with a CompensationFailed transition: the alert, kept durably (SPEC §8).
 COMPENSATION_FAILED_EVENT = "flowx.compensation_failed"
@@ -92,6 +93,7 @@ def alert_event(run: Run, alert: CompensationAlert, attempt: int) -> EventWrite:
         schema_version="1",
         partition_key=run.tenant_id,
         payload=codec.dumps(alert.as_dict()),
+        trace_context=current_context(),
     )
 
 

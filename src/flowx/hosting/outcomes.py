@@ -28,7 +28,7 @@ from flowx.metrics import (
 )
 from flowx.plan.model import Plan
 from flowx.stores.records import InstanceRecord, InstanceState
-from flowx.tracing import span
+from flowx.tracing import annotate, span
 
 log = logging.getLogger("flowx.host")
 
@@ -94,6 +94,10 @@ def taken_over(record: InstanceRecord, now: datetime) -> None:
         if record.wake_at <= now:
             late = (now - record.wake_at).total_seconds()
             TIMER_LATENESS_SECONDS.observe(record.flow_id, late)
+            # The wake-up, in the instance's trace, with how late it came (``flowx.tracing``).
+            attrs = {"flow": record.flow_id, "instance": record.instance_id, "step_id": None}
+            with span("flowx.timer_wake", attrs, parent=record.trace_context) as woke:
+                annotate(woke, late_ms=int(late * 1000), step_id=record.wake_step_id)
     elif record.state in (InstanceState.RUNNING, InstanceState.COMPENSATING):
         TAKEOVERS.inc(record.flow_id)
         idle = max((now - record.updated_at).total_seconds(), 0.0)

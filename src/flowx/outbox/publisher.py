@@ -75,4 +75,7 @@ def headers(event: EventRecord) -> dict[str, str]:
     }
     if event.partition_key is not None:
         out["partition_key"] = event.partition_key
+    if event.trace_context is not None:
+        # W3C trace context: the consumer's span continues the instance's trace.
+        out["traceparent"] = event.trace_context
     return out

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from flowx.clock import Clock, SystemClock
 from flowx.outbox.publisher import EventPublisher, PublishFailure
 from flowx.stores.protocols import OutboxStore, StagedWakeups
+from flowx.tracing import annotate, span
 
 log = logging.getLogger("flowx.outbox")
 
@@ -108,7 +109,11 @@ class OutboxPublisher:
             events = claim.events
             if not events:
                 return Round(0, 0)
-            result = await self.publisher.publish(events)
+            with span(
+                "flowx.publish", {"broker": self.publisher.name, "events": len(events)}
+            ) as sent:
+                result = await self.publisher.publish(events)
+                annotate(sent, acknowledged=result.acknowledged)
             acknowledged = max(0, min(result.acknowledged, len(events)))
             claim.published(acknowledged)
             failure = result.failure if acknowledged < len(events) else None

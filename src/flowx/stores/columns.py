@@ -52,7 +52,8 @@ SIGNAL_COLUMNS: Final = "instance_id, name, seq, key, payload, received_at"
 EVENT_COLUMNS: Final = (
     "o.event_id, o.instance_id, o.sequence, o.ordinal, o.staged_seq, o.type, "
     "o.schema_version, o.partition_key, o.payload, o.published_at, o.staged_at, "
-    "coalesce(o.attempts, 0) AS attempts, o.last_error, o.dead_at, o.dead_reason"
+    "coalesce(o.attempts, 0) AS attempts, o.last_error, o.dead_at, o.dead_reason, "
+    "o.trace_context"
 )
 
 #: The SQL spelling of ``TERMINAL_STATES`` and ``ACTIVE_STATES``, for ``state IN ...``.

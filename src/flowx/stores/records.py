@@ -183,6 +183,8 @@ class EventWrite:
     schema_version: str
     partition_key: str | None
     payload: str
+    #: The W3C ``traceparent`` it was emitted in (``flowx.tracing``), sent as a header.
+    trace_context: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -347,6 +349,8 @@ class EventRecord:
     #: Set when the event was moved aside as a dead letter, with the broker's reason.
     dead_at: datetime | None = None
     dead_reason: str | None = None
+    #: The ``traceparent`` it was emitted in (``EventWrite.trace_context``).
+    trace_context: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

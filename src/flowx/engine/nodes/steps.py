@@ -27,6 +27,7 @@ from flowx.errors import FlowXError, NonRetryableError
 from flowx.plan.events import contract_of
 from flowx.plan.model import NO_RETRY, EmitNode, ForEachNode, ForkNode, Retry, StepNode
 from flowx.stores.records import EventWrite, InstanceState, Outcome
+from flowx.tracing import current_context
 
 log = logging.getLogger("flowx.engine")
 
@@ -247,6 +248,8 @@ async def emit(run: Run, node: EmitNode, scope: str, item: Any, has_item: bool) 
                 schema_version=contract.schema_version,
                 partition_key=None if partition_key is None else str(partition_key),
                 payload=payload,
+                # Its consumer continues this instance's trace (the ``traceparent`` header).
+                trace_context=current_context(),
             ),
         ),
     )

@@ -135,6 +135,7 @@ class MemoryJournal:
                         payload=event.payload,
                         published_at=None,
                         staged_at=now,
+                        trace_context=event.trace_context,
                     )
                 )
         if commit.state_bag is not None:

@@ -77,13 +77,14 @@ WITH inst AS (
     RETURNING 1
 ), staged AS (
     INSERT INTO outbox_event (event_id, instance_id, sequence, ordinal, type, schema_version,
-                              partition_key, payload, staged_at)
+                              partition_key, payload, staged_at, trace_context)
     SELECT e.event_id, %(instance_id)s, ok.seq, (e.ord - 1)::int, e.type, e.schema_version,
-           e.partition_key, e.payload::json, ok.now
+           e.partition_key, e.payload::json, ok.now, e.trace_context
       FROM ok, unnest(%(event_ids)b::uuid[], %(event_types)b::text[],
                       %(event_versions)b::text[], %(event_keys)b::text[],
-                      %(event_payloads)b::text[])
-           WITH ORDINALITY AS e(event_id, type, schema_version, partition_key, payload, ord)
+                      %(event_payloads)b::text[], %(event_traces)b::text[])
+           WITH ORDINALITY AS e(event_id, type, schema_version, partition_key, payload,
+                                trace_context, ord)
     RETURNING 1
 )
 SELECT (SELECT fence FROM inst) AS fence,
@@ -120,6 +121,7 @@ def commit_params(commit: StepCommit) -> dict[str, Any]:
         "event_versions": [e.schema_version for e in events],
         "event_keys": [e.partition_key for e in events],
         "event_payloads": [e.payload for e in events],
+        "event_traces": [e.trace_context for e in events],
     }
 
 
@@ -202,13 +204,14 @@ WITH input AS (
     RETURNING ok.ord
 ), staged AS (
     INSERT INTO outbox_event (event_id, instance_id, sequence, ordinal, type, schema_version,
-                              partition_key, payload, staged_at)
+                              partition_key, payload, staged_at, trace_context)
     SELECT e.event_id, ok.instance_id, ok.seq, e.ordinal, e.type, e.schema_version,
-           e.partition_key, e.payload::json, ok.now
+           e.partition_key, e.payload::json, ok.now, e.trace_context
       FROM unnest(%(event_commit)b::bigint[], %(event_ordinals)b::int[], %(event_ids)b::uuid[],
                   %(event_types)b::text[], %(event_versions)b::text[], %(event_keys)b::text[],
-                  %(event_payloads)b::text[])
-           AS e(commit_ord, ordinal, event_id, type, schema_version, partition_key, payload)
+                  %(event_payloads)b::text[], %(event_traces)b::text[])
+           AS e(commit_ord, ordinal, event_id, type, schema_version, partition_key, payload,
+                trace_context)
       JOIN ok ON ok.ord = e.commit_ord
      ORDER BY e.commit_ord, e.ordinal
     RETURNING 1
@@ -250,6 +253,7 @@ def batch_params(commits: list[StepCommit]) -> dict[str, Any]:
             "event_versions",
             "event_keys",
             "event_payloads",
+            "event_traces",
         )
     }
     for ord_, c in enumerate(commits, start=1):
@@ -280,6 +284,7 @@ def batch_params(commits: list[StepCommit]) -> dict[str, Any]:
             p["event_versions"].append(e.schema_version)
             p["event_keys"].append(e.partition_key)
             p["event_payloads"].append(e.payload)
+            p["event_traces"].append(e.trace_context)
     return p
 
 

@@ -17,9 +17,11 @@ from flowx.stores.columns import (
     ACTIVE_STATES_SQL,
     CANDIDATE_COLUMNS,
     CREATE_COLUMNS,
+    EVENT_COLUMNS,
     INSTANCE_COLUMNS,
     STEP_COLUMNS,
     TERMINAL_STATES_SQL,
+    event_of,
     instance_of,
     step_of,
 )
@@ -65,10 +67,10 @@ SELECT_STEPS: Final[LiteralString] = (
 )
 RESUME_READ_PLAN: Final[LiteralString] = "SET LOCAL enable_sort = off"
 # outbox_event_instance_idx.
+# Every column an EventRecord carries (its attempts, dead letter and trace too, for show).
 SELECT_EVENTS: Final[LiteralString] = (
-    "SELECT event_id, instance_id, sequence, ordinal, staged_seq, type, schema_version, "
-    "partition_key, payload, published_at FROM outbox_event WHERE instance_id = %s "
-    "ORDER BY sequence, ordinal"
+    "SELECT " + EVENT_COLUMNS + " FROM outbox_event o WHERE o.instance_id = %s "
+    "ORDER BY o.sequence, o.ordinal"
 )
 
 INSERT_INSTANCE: Final[LiteralString] = (
@@ -373,7 +375,7 @@ class PostgresJournal:
         async with self._db.connection() as conn:
             cur = conn.cursor(row_factory=dict_row)
             rows = await (await cur.execute(SELECT_EVENTS, (instance_id,))).fetchall()
-            return tuple(EventRecord(**r) for r in rows)
+            return tuple(event_of(r) for r in rows)
 
 
 class PostgresRecoveryIndex:

@@ -225,8 +225,8 @@ class SqliteJournal:
             if commit.events:
                 conn.executemany(
                     "INSERT INTO outbox_event (event_id, instance_id, sequence, ordinal, type, "
-                    "schema_version, partition_key, payload, staged_at) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "schema_version, partition_key, payload, staged_at, trace_context) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     [
                         (
                             e.event_id,
@@ -238,6 +238,7 @@ class SqliteJournal:
                             e.partition_key,
                             e.payload,
                             stamp,
+                            e.trace_context,
                         )
                         for ordinal, e in enumerate(commit.events)
                     ],

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -112,6 +113,21 @@ class OutboxConformance:
             pass  # a#1 claimed and released unpublished
         async with stores.outbox.claim(limit=10, now=at(101), owner="p1") as claim:
             assert ids(claim.events) == ids(staged)
+
+    async def test_an_event_keeps_the_trace_it_was_emitted_in(self, stores: Any) -> None:
+        iid = await make_instance(stores)
+        traced = replace(
+            event("k"), trace_context="00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        )
+        await stores.journal.commit(
+            commit(iid, token=1, now=1, step=step(1), events=(traced, event("k")))
+        )
+        async with stores.outbox.claim(limit=10, now=at(100), owner="p1") as claim:
+            assert [e.trace_context for e in claim.events] == [traced.trace_context, None]
+        assert [e.trace_context for e in await stores.journal.events(iid)] == [
+            traced.trace_context,
+            None,
+        ]
 
     async def test_the_backlog_counts_pending_and_dead_and_dates_the_oldest(
         self, stores: Any
