@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -49,6 +50,8 @@ def one_run(
     """One B7 run of ``tree``'s own benchmark against ``tree``'s own flowx."""
     env = dict(os.environ, PYTHONPATH=str((tree / "src").resolve()))
     cmd = b7_command(args, side)
+    if side == "after" and args.after_flags:
+        cmd += shlex.split(args.after_flags)
     bench = (tree / "benchmarks" / "journal_throughput.py").read_text()
     if '"--out"' in bench:
         cmd += ["--out", str(out)]
@@ -96,6 +99,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--concurrency", default="1,16,64")
     parser.add_argument("--out", type=Path, default=None, help="JSON path (default: results/)")
+    parser.add_argument(
+        "--after-flags",
+        default="",
+        help="flags for the after side's benchmark only: `--before . --after . --after-flags "
+        "--trace` measures tracing switched on against off, on one tree",
+    )
     args = parser.parse_args()
     check_tree(args.before)
     check_tree(args.after)
@@ -128,6 +137,7 @@ def main() -> None:
     backend = (args.store or "sqlite://").split(":", 1)[0]
     record = {
         "benchmark": "B7 before/after, interleaved",
+        "after_flags": args.after_flags,
         "store": backend,
         "rounds": args.rounds,
         "instances": args.instances,

@@ -123,6 +123,39 @@ async def run_level(url: str, plan: flowx.Plan, instances: int, concurrency: int
     }
 
 
+class _Counted:
+    """A span exporter that counts what it is given and keeps nothing."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def export(self, spans: Any) -> Any:
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        self.count += len(spans)
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        return None
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return True
+
+
+def _traced() -> _Counted:
+    """Switch FlowX's tracing on, always sampled, exported in batches (``--trace``)."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    from flowx import tracing
+
+    exporter = _Counted()
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(exporter))  # type: ignore[arg-type]
+    tracing.use(provider)
+    return exporter
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--store", default=None, help="store URL (default: a fresh SQLite file)")
@@ -136,8 +169,15 @@ def main() -> None:
         default="asyncio",
         help="the event loop (uvloop: measured only, `pip install uvloop`)",
     )
+    parser.add_argument(
+        "--trace",
+        action="store_true",
+        help="trace every span (the OpenTelemetry SDK, always sampled, batched to an exporter "
+        "that counts and drops them): the cost of tracing switched on",
+    )
     args = parser.parse_args()
     plan = make_plan(args.steps)
+    exported = _traced() if args.trace else None
     if args.loop == "uvloop":
         import uvloop  # a measured-only dependency: benchmarks/event_loops.py
 
@@ -155,6 +195,8 @@ def main() -> None:
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
         "note": "each level commits `steps` step rows plus one final transition per instance",
         "loop": args.loop,
+        "tracing": args.trace,
+        "spans_exported": exported.count if exported is not None else None,
         "results": results,
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
