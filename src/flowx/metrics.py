@@ -16,8 +16,8 @@ to the same series, told apart where it matters by a ``node`` label.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
 
 _prometheus: Any
 try:  # optional: flowx[prometheus]
@@ -31,6 +31,7 @@ COMMIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.
 DELAY_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 Labels = str | tuple[str, ...]
+C = TypeVar("C")
 
 
 def _key(labels: Labels) -> tuple[str, ...]:
@@ -71,32 +72,42 @@ class _CounterChild:
             self._exported.inc(amount)
 
 
-class _LabelledCounter:
-    """A counter by label values; ``inc("a")`` for one label, ``inc(("a", "b"))`` for two."""
+class _Family(Generic[C]):
+    """Series by label values, each bound once (``child``) and kept by hot callers."""
 
-    def __init__(self, name: str, documentation: str, *labels: str) -> None:
+    def __init__(self, name: str, exported: Any, make: Callable[[Any], C]) -> None:
         self.name = name
-        self._children: dict[tuple[str, ...], _CounterChild] = {}
+        self._children: dict[tuple[str, ...], C] = {}
         self._lock = threading.Lock()
-        self._exported = _export("Counter", name, documentation, labels)
+        self._exported = exported
+        self._make = make
 
-    def child(self, labels: Labels) -> _CounterChild:
-        """The series for ``labels``, to keep and increment directly."""
+    def child(self, labels: Labels) -> C:
+        """The series for ``labels``, to keep and use directly."""
         key = _key(labels)
         found = self._children.get(key)
         if found is None:
             with self._lock:
                 found = self._children.get(key)
                 if found is None:
-                    exported = _series(self._exported, key)
-                    found = self._children[key] = _CounterChild(exported)
+                    found = self._children[key] = self._make(_series(self._exported, key))
         return found
+
+    def _found(self, labels: Labels) -> C | None:
+        return self._children.get(_key(labels))
+
+
+class _LabelledCounter(_Family[_CounterChild]):
+    """A counter by label values; ``inc("a")`` for one label, ``inc(("a", "b"))`` for two."""
+
+    def __init__(self, name: str, documentation: str, *labels: str) -> None:
+        super().__init__(name, _export("Counter", name, documentation, labels), _CounterChild)
 
     def inc(self, labels: Labels, amount: int = 1) -> None:
         self.child(labels).inc(amount)
 
     def get(self, labels: Labels) -> int:
-        found = self._children.get(_key(labels))
+        found = self._found(labels)
         return found.value if found is not None else 0
 
 
@@ -138,33 +149,20 @@ class _HistogramChild:
             self._exported.observe(value)
 
 
-class _LabelledHistogram:
+class _LabelledHistogram(_Family[_HistogramChild]):
     """A histogram by label values; in-process it keeps the count and the sum."""
 
     def __init__(
         self, name: str, documentation: str, *labels: str, buckets: Sequence[float]
     ) -> None:
-        self.name = name
-        self._children: dict[tuple[str, ...], _HistogramChild] = {}
-        self._lock = threading.Lock()
-        self._exported = _export("Histogram", name, documentation, labels, buckets=buckets)
-
-    def child(self, labels: Labels) -> _HistogramChild:
-        key = _key(labels)
-        found = self._children.get(key)
-        if found is None:
-            with self._lock:
-                found = self._children.get(key)
-                if found is None:
-                    exported = _series(self._exported, key)
-                    found = self._children[key] = _HistogramChild(exported)
-        return found
+        exported = _export("Histogram", name, documentation, labels, buckets=buckets)
+        super().__init__(name, exported, _HistogramChild)
 
     def observe(self, labels: Labels, value: float) -> None:
         self.child(labels).observe(value)
 
     def count(self, labels: Labels) -> int:
-        found = self._children.get(_key(labels))
+        found = self._found(labels)
         return found.count if found is not None else 0
 
 

@@ -96,6 +96,16 @@ async def _waiting(host: flowx.FlowHost, plan: flowx.Plan, order: str) -> str:
     return handle.instance_id
 
 
+async def _terminated(host_factory: Any, plan: flowx.Plan, order: str) -> tuple[Any, str]:
+    """A host running ``plan``, and an instance of it terminated while it waited for ``go``
+    (reserve and charge done, nothing undone)."""
+    host = await host_factory(plan)
+    iid = await _waiting(host, plan, order)
+    await host.terminate(iid, "stuck", by="ops")
+    await until_state(host, iid, InstanceState.TERMINATED)
+    return host, iid
+
+
 async def _finish(host: flowx.FlowHost, iid: str) -> OrderState:
     await until_state(host, iid, InstanceState.SUSPENDED)
     await host.signal(iid, "go", {})
@@ -183,10 +193,7 @@ async def test_a_terminated_instance_undoes_the_effects_it_re_runs_first(
     (with its own result, under its own compensation key) before charge runs again, and
     reserve, before the chosen step, keeps its result."""
     plan = order_flow()
-    host = await host_factory(plan)
-    iid = await _waiting(host, plan, "x1")
-    await host.terminate(iid, "stuck", by="ops")
-    await until_state(host, iid, InstanceState.TERMINATED)
+    host, iid = await _terminated(host_factory, plan, "x1")
     assert (calls["release"], calls["refund"]) == (0, 0)
     before = await rows_of(host, iid)
 
@@ -217,10 +224,7 @@ async def test_an_undo_that_runs_out_ends_compensation_failed_and_replays_forwar
     host_factory: Any,
 ) -> None:
     plan = order_flow()
-    host = await host_factory(plan)
-    iid = await _waiting(host, plan, "u1")
-    await host.terminate(iid, "stuck", by="ops")
-    await until_state(host, iid, InstanceState.TERMINATED)
+    host, iid = await _terminated(host_factory, plan, "u1")
     broken.add("refund")
     await host.replay(iid, "rr.charge")
     record = await until_state(host, iid, InstanceState.COMPENSATION_FAILED)
@@ -314,10 +318,7 @@ async def test_an_instance_replayed_twice_undoes_and_re_runs_the_current_generat
     replay undoes the charge the first one made (by its result, under its key) and the
     reservation, then runs both again under keys of a new generation."""
     plan = order_flow()
-    host = await host_factory(plan)
-    iid = await _waiting(host, plan, "g1")
-    await host.terminate(iid, "stuck", by="ops")
-    await until_state(host, iid, InstanceState.TERMINATED)
+    host, iid = await _terminated(host_factory, plan, "g1")
     await host.replay(iid, "rr.charge")
     await until_state(host, iid, InstanceState.SUSPENDED)
     await host.terminate(iid, "stuck again", by="ops")
@@ -348,10 +349,7 @@ async def test_a_failing_re_run_then_fails_and_compensates_only_what_it_made(
     """After a replay from charge, a re-run that fails compensates what is current: the new
     charge and the kept reservation, each once."""
     plan = order_flow()
-    host = await host_factory(plan)
-    iid = await _waiting(host, plan, "f2")
-    await host.terminate(iid, "stuck", by="ops")
-    await until_state(host, iid, InstanceState.TERMINATED)
+    host, iid = await _terminated(host_factory, plan, "f2")
     broken.add("pack")
     await host.replay(iid, "rr.charge")
     await until_state(host, iid, InstanceState.SUSPENDED)
@@ -488,10 +486,7 @@ async def test_a_re_run_whose_own_compensation_ran_out_finishes_compensating_on_
     """After a forward replay, the re-run fails and its refund runs out: a replay then
     finishes the compensation — it does not charge again."""
     plan = order_flow()
-    host = await host_factory(plan)
-    iid = await _waiting(host, plan, "cf")
-    await host.terminate(iid, "stuck", by="ops")
-    await until_state(host, iid, InstanceState.TERMINATED)
+    host, iid = await _terminated(host_factory, plan, "cf")
     await host.replay(iid, "rr.charge")
     await until_state(host, iid, InstanceState.SUSPENDED)
     broken.update({"pack", "refund"})

@@ -529,11 +529,13 @@ class FlowHost:
         return threads is not None and threads.all_stuck
 
     async def wait_idle(self, timeout: float | None = None) -> None:
-        """Wait until no instance runs on this node (for tests and the demo)."""
-        tasks = self._runner.tasks
+        """Wait until no instance runs on this node, nor is about to: a wake under way (a
+        child's end resuming its parent here) counts (for tests and the demo)."""
+        runner = self._runner
 
         async def idle() -> None:
-            while tasks:
-                await asyncio.gather(*list(tasks.values()), return_exceptions=True)
+            while runner.tasks or runner.wakers:
+                busy = [*runner.tasks.values(), *runner.wakers]
+                await asyncio.gather(*busy, return_exceptions=True)
 
         await asyncio.wait_for(idle(), timeout)

@@ -516,6 +516,11 @@ class InstanceRunner:
 
     # -- background wakes and the drain ----------------------------------------------------
 
+    @property
+    def wakers(self) -> tuple[asyncio.Task[None], ...]:
+        """The background wakes under way (``wake``)."""
+        return tuple(self._wakers)
+
     def _background(self, coro: Coroutine[Any, Any, None], *, name: str) -> None:
         task = asyncio.get_running_loop().create_task(coro, name=name)
         self._wakers.add(task)
