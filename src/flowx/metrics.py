@@ -58,7 +58,9 @@ def _series(family: Any, key: tuple[str, ...]) -> Any:
 
 class _CounterChild:
     """One series of a counter, bound once and kept by a hot caller: an increment is an
-    attribute add and, exported, prometheus-client's own child ``inc`` (no label lookup)."""
+    attribute add and, exported, prometheus-client's own child ``inc`` (no label lookup).
+    Fed from the event loop's thread only (every seam is); prometheus-client locks its own
+    series, so only the in-process value would suffer a caller on another thread."""
 
     __slots__ = ("_exported", "value")
 
@@ -243,13 +245,14 @@ IN_FLIGHT = _LabelledGauge("flowx_instances_in_flight", "Instances running on th
 LEASES_HELD = _LabelledGauge("flowx_leases_held", "Instance leases this node holds", "node")
 #: 1 while this node's journal answers, 0 while it does not.
 JOURNAL_UP = _LabelledGauge("flowx_journal_up", "1 while the journal answers this node", "node")
-#: Outbox events staged and not yet published (or dead), their oldest's age, dead letters.
-OUTBOX_PENDING = _LabelledGauge("flowx_outbox_pending", "Outbox events not yet published", "node")
+#: Outbox events staged and not yet published, their oldest's age, dead letters: facts of
+#: the journal, the same read from every node, so without a node label (``max`` them).
+OUTBOX_PENDING = _LabelledGauge("flowx_outbox_pending", "Outbox events not yet published")
 OUTBOX_LAG_SECONDS = _LabelledGauge(
-    "flowx_outbox_lag_seconds", "Age of the oldest unpublished outbox event", "node"
+    "flowx_outbox_lag_seconds", "Age of the oldest unpublished outbox event"
 )
 OUTBOX_DEAD_LETTERS = _LabelledGauge(
-    "flowx_outbox_dead_letters", "Outbox events the broker refused for good", "node"
+    "flowx_outbox_dead_letters", "Outbox events the broker refused for good"
 )
 
 # -- this node -------------------------------------------------------------------------------

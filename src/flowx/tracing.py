@@ -19,9 +19,11 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 _trace: Any
+_context: Any
 _propagator: Any
 _tracer: Any
 try:  # optional: flowx[otel]
+    from opentelemetry import context as _context
     from opentelemetry import trace as _trace
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -30,6 +32,7 @@ try:  # optional: flowx[otel]
     _tracer = _trace.get_tracer("flowx")
 except ImportError:  # pragma: no cover - exercised only without the extra
     _trace = None
+    _context = None
     _propagator = None
     _tracer = None
 
@@ -47,15 +50,20 @@ def current_context() -> str | None:
 
 
 @contextlib.contextmanager
-def span(name: str, attributes: Attributes, *, parent: str | None = None) -> Iterator[Any]:
+def span(
+    name: str, attributes: Attributes, *, parent: str | None = None, root: bool = False
+) -> Iterator[Any]:
     """A span named ``name``, current for the block: a child of ``parent`` (a kept
-    ``traceparent``) when given, else of whatever span is current. An exception leaving the
-    block is recorded on it, and the span marked as an error; ``None`` attributes are left
-    out."""
+    ``traceparent``) when given; else, with ``root``, the start of a trace of its own; else
+    a child of whatever span is current. An exception leaving the block is recorded on it,
+    and the span marked as an error; ``None`` attributes are left out."""
     if _trace is None:
         yield None
         return
-    context = _propagator.extract({"traceparent": parent}) if parent else None
+    if parent:
+        context = _propagator.extract({"traceparent": parent})
+    else:
+        context = _context.Context() if root else None
     attrs = {f"flowx.{k}": v for k, v in attributes.items() if v is not None}
     with _tracer.start_as_current_span(name, context=context, attributes=attrs) as current:
         yield current

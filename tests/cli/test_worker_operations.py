@@ -143,20 +143,24 @@ async def test_a_worker_serves_metrics_over_http_while_it_runs(db: str, tmp_path
             return 'flowx_flows_ended_total{flow="cli.mail",outcome="completed"} 1.0' in text
 
         await until(ended, within=20, what="the mail flow counted as completed")
-        text = await asyncio.to_thread(scrape)
-        for family in (
-            "flowx_step_commits_total",
-            "flowx_step_commit_seconds_bucket",
-            "flowx_instances_in_flight",
-            "flowx_leases_held",
-            "flowx_journal_up",
+        samples = {
+            line.split(" ")[0]
+            for line in (await asyncio.to_thread(scrape)).splitlines()
+            if line and not line.startswith("#")
+        }  # series with a value, not just the families' HELP lines
+        node = next(s for s in samples if s.startswith("flowx_journal_up{"))
+        assert node.startswith('flowx_journal_up{node="')
+        for series in (
+            'flowx_step_commits_total{flow="cli.mail",outcome="Success"}',
+            'flowx_step_commit_seconds_bucket{flow="cli.mail",le="+Inf"}',
             "flowx_outbox_pending",
             "flowx_outbox_lag_seconds",
             "flowx_outbox_dead_letters",
             "flowx_recovery_sweeps_total",
-            "flowx_clock_offset_seconds",
+            node.replace("flowx_journal_up", "flowx_instances_in_flight"),
+            node.replace("flowx_journal_up", "flowx_leases_held"),
         ):
-            assert family in text, family
+            assert series in samples, series
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
     finally:

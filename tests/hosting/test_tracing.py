@@ -189,7 +189,10 @@ async def test_publishing_a_batch_is_a_span_of_its_own(
     [sent] = [s for s in spans.get_finished_spans() if s.name == "flowx.publish"]
     assert (sent.attributes or {}).get("flowx.broker") == "recording"
     assert (sent.attributes or {}).get("flowx.acknowledged") == 1
-    assert headers(broker.received[0])["traceparent"] == broker.received[0].trace_context
+    [start] = [s for s in _of(spans, handle.instance_id) if s.name == "flowx.start"]
+    assert start.context is not None
+    traceparent = headers(broker.received[0])["traceparent"]
+    assert traceparent.split("-")[1] == f"{start.context.trace_id:032x}"  # the instance's
 
 
 async def test_a_due_timer_is_woken_in_the_instance_s_trace(

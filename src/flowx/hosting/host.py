@@ -535,7 +535,8 @@ class FlowHost:
 
         async def idle() -> None:
             while runner.tasks or runner.wakers:
-                busy = [*runner.tasks.values(), *runner.wakers]
-                await asyncio.gather(*busy, return_exceptions=True)
+                # ``wait``, not ``gather``: a timeout leaves what it waited for running (a
+                # wake cut between its lease and its run would hold the lease for a TTL).
+                await asyncio.wait([*runner.tasks.values(), *runner.wakers])
 
         await asyncio.wait_for(idle(), timeout)

@@ -267,7 +267,7 @@ class InstanceRunner:
         finally:
             ctx.stops.leave(child_id)
             await durable.release()
-        await after_run(ctx, plan, child, result, timers=self.timers, wake=None)
+        await after_run(ctx, plan, child, result, timers=self.timers, wake=None, counted=False)
         undone(child_id, result)
         if result.final_state is None:
             raise FlowXError(

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -237,7 +238,11 @@ class LeaseKeeper:
         return self
 
     def _spawn(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="flowx-lease-keeper")
+        # A context of its own: started lazily, often inside one instance's span, it works for
+        # every instance and must not carry that span (``flowx.tracing``).
+        self._task = asyncio.get_running_loop().create_task(
+            self._run(), name="flowx-lease-keeper", context=contextvars.Context()
+        )
 
     async def stop(self) -> None:
         self._running = False

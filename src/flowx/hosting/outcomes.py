@@ -41,9 +41,11 @@ async def after_run(
     *,
     timers: TimerService | None,
     wake: Callable[[str], None] | None,
+    counted: bool = True,
 ) -> None:
     """Arm the timer for a wait sealed here, raise the alert for a compensation that ran
-    out, and (with ``wake``) wake the parent of a child that ended."""
+    out, and (with ``wake``) wake the parent of a child that ended. ``counted=False``: an
+    undo of a completed child, whose end was counted when it completed."""
     if result.outcome == "suspended" and timers is not None:
         timers.poke()
     elif result.outcome == "compensation_failed" and result.alert is not None:
@@ -58,7 +60,7 @@ async def after_run(
             )
     elif result.outcome == "timed_out":
         DEADLINE_EXCEEDED.inc(plan.flow_id)
-    if result.final_state is not None:
+    if result.final_state is not None and counted:
         FLOWS_ENDED.inc((plan.flow_id, result.outcome))
     if result.outcome in ENDED_BADLY:
         log_outcome(plan, record, result)
@@ -80,9 +82,11 @@ def run_span(plan: Plan, record: InstanceRecord) -> AbstractContextManager[Any]:
             "version": plan.version,
             "instance": record.instance_id,
             "tenant": record.tenant_id,
-            "resumed_from": record.state.value,
         },
         parent=record.trace_context,
+        # An instance started untraced (before tracing, or by a process with no SDK) is a
+        # trace of its own, never a child of whatever the task that runs it inherited.
+        root=True,
     )
 
 

@@ -51,8 +51,10 @@ class MetricsService:
         """Bind the endpoint and start sampling; nothing when ``metrics_port`` is unset.
         Raises ``FlowXError`` when the library is missing or the port cannot be bound."""
         settings = self._ctx.settings
-        if settings.metrics_port is None or self._server is not None:
+        if settings.metrics_port is None:
             return
+        if self._server is not None:  # left from a drain that did not finish: serve anew
+            self._close_server()
         if not available():
             raise FlowXError(
                 "metrics_port is set but prometheus-client is not installed: "
@@ -76,14 +78,18 @@ class MetricsService:
     async def stop(self) -> None:
         """Stop sampling and close the endpoint (on drain)."""
         self._stop.set()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
         if self._server is not None:
-            server, self._server = self._server, None
-            await asyncio.to_thread(server.shutdown)
+            await asyncio.to_thread(self._close_server)
+
+    def _close_server(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.shutdown()
             server.server_close()
 
     async def sample(self) -> None:
@@ -105,16 +111,19 @@ class MetricsService:
             JOURNAL_UP.set(node, 0)
             return
         JOURNAL_UP.set(node, 1)
-        OUTBOX_PENDING.set(node, backlog.pending)
-        OUTBOX_DEAD_LETTERS.set(node, backlog.dead)
+        OUTBOX_PENDING.set((), backlog.pending)
+        OUTBOX_DEAD_LETTERS.set((), backlog.dead)
         lag = 0.0
         if backlog.oldest_staged_at is not None:
             lag = max((ctx.journal_clock.now() - backlog.oldest_staged_at).total_seconds(), 0.0)
-        OUTBOX_LAG_SECONDS.set(node, lag)
+        OUTBOX_LAG_SECONDS.set((), lag)
 
     async def _sample_forever(self) -> None:
         every = self._ctx.settings.metrics_interval.total_seconds()
         while not self._stop.is_set():
-            await self.sample()
+            try:
+                await self.sample()
+            except Exception:  # a sample that fails must not end sampling (stale gauges)
+                log.exception("metrics: sampling failed; trying again next interval")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), timeout=every)

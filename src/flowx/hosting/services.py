@@ -233,7 +233,14 @@ class NodeServices:
 
     async def drain(self, runner: InstanceRunner, timeout: float | None) -> None:
         """``FlowHost.drain``: stop the loops and the runs within one budget, in order, then
-        release what the node holds (leases, the store, the threads)."""
+        release what the node holds (leases, the store, the threads); ``/metrics`` is closed
+        whatever happens on the way."""
+        try:
+            await self._drain(runner, timeout)
+        finally:
+            await self.metrics.stop()
+
+    async def _drain(self, runner: InstanceRunner, timeout: float | None) -> None:
         ctx = self._ctx
         ctx.accepting = False
         self.stop.set()
@@ -256,7 +263,6 @@ class NodeServices:
         await runner.drain(left, budget)
         await self.stop_outbox(left())
         await self.stop_clock_watch()
-        await self.metrics.stop()
         if ctx.keeper is not None:
             # Every run has released its lease by now (each in its own ``finally``).
             await ctx.keeper.stop()

@@ -12,6 +12,7 @@ write fails; any other failure (a lost connection: the outcome is unknown) fails
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable, Sequence
@@ -106,7 +107,11 @@ class Batcher(Generic[T, R]):
             overdue = False
             batch = self._take()
             self._inflight += 1
-            task = asyncio.get_running_loop().create_task(self._run(batch))
+            # A context of its own: a batch serves many instances, so it carries no one
+            # caller's span (``flowx.tracing``).
+            task = asyncio.get_running_loop().create_task(
+                self._run(batch), context=contextvars.Context()
+            )
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
