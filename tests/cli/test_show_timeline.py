@@ -47,3 +47,13 @@ def test_show_names_the_node_of_each_step_and_lists_the_staged_events(db: str) -
     rows = events.splitlines()
     assert rows[0].split() == ["event", "type", "key", "published_at", "attempts"]
     assert [r.split()[1:5] for r in rows[2:]] == [["shop.order_event", "o-7", "pending", "0"]] * 3
+
+
+def test_describe_is_show_under_the_name_temporal_users_type(db: str) -> None:
+    iid, _ = _run_here(db)
+    shown = invoke("show", iid, "--db", db, "-o", "json")
+    described = invoke("describe", iid, "--db", db, "-o", "json")
+    assert described[0] == 0, described[2]
+    assert json.loads(described[1]) == json.loads(shown[1])
+    code, out, _ = invoke("describe", "--help")
+    assert code == 0 and "The same as `flowx show`" in out

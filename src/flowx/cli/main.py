@@ -8,6 +8,8 @@ console-script entry point, ``flowx = "flowx.cli.main:main"``, also run as
 
 from __future__ import annotations
 
+import copy
+
 from flowx.cli.app import cli
 from flowx.cli.db import migrate
 from flowx.cli.doctor import doctor
@@ -39,6 +41,12 @@ for _command in (
     outbox,
 ):
     cli.add_command(_command)
+
+# ``describe``: the name a Temporal user types for ``show``; the same command under it.
+describe = copy.copy(show)
+describe.help = "The same as `flowx show`: an instance, its step timeline, inbox and events."
+describe.short_help = "The same as show."
+cli.add_command(describe, name="describe")
 
 
 def main() -> None:
