@@ -114,8 +114,10 @@ async def check(rig: Rig) -> dict[str, Any]:
             aimed_missed += 1 if hit or landed != 1 else 0
         elif f.parked["phase"] == "after_effect" and not hit:
             aimed_missed += 1
+        # Only an orphan this kill made counts: the parked instance may carry one an earlier
+        # fault cut off (it was resumed, then parked on again), which that fault explains.
         if f.parked["phase"] == "before_effect" and any(
-            o[0] == f.parked["instance_id"] for o in orphans
+            o[0] == f.parked["instance_id"] and o[2] == f.pid for o in orphans
         ):
             aimed_missed += 1
     logs = [w.log.read_text(errors="replace") for w in rig.gone]
