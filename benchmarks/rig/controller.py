@@ -34,6 +34,8 @@ from benchmarks.rig.model import Fault, RigConfig, Worker
 from benchmarks.rig.services import RigServers
 
 ROOT = Path(__file__).resolve().parents[2]
+#: Instances kept in flight past the planned feed while faults are still to come.
+TRICKLE = 20
 
 
 class Rig:
@@ -60,6 +62,8 @@ class Rig:
         self.servers = RigServers(redis=config.redis_leases)
         self._feed_end = 0.0
         self._rounds = 0
+        self._injected = asyncio.Event()
+        self._fed = False
 
     @property
     def dsn(self) -> str:
@@ -265,22 +269,41 @@ class Rig:
     # -- the run --------------------------------------------------------------------------
 
     async def feed(self, host: flowx.FlowHost) -> None:
+        """The planned flows at the planned rate; then, while faults are still to come, a
+        trickle that keeps a few instances in flight. A fault is aimed at a step in flight: on
+        a fast machine the planned backlog can drain before the last fault is armed, and an
+        armed worker with nothing to run would wait for ever."""
         interval = 1.0 / self.c.rate
         t0 = time.monotonic()
         for i in range(self.c.flows):
             delay = t0 + i * interval - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-            while True:
-                try:
-                    # Keyed: a start retried after an unknown outcome starts nothing twice.
-                    handle = await host.start(
-                        order, Order(n=i), idempotency_key=f"chaos-{i}", run_here=False
-                    )
-                    break
-                except flowx.StoreError:
-                    await asyncio.sleep(0.2)  # the journal is restarting (postgres arm)
-            self.started.append(handle.instance_id)
+            await self._start_one(host, i)
+        i = self.c.flows
+        while not self._injected.is_set():
+            unsettled = (await self.sql(
+                "SELECT count(*) FROM flow_instance WHERE state NOT IN "
+                "('Completed', 'Failed', 'CompensationFailed', 'TimedOut')"
+            ))[0][0]  # fmt: skip
+            for _ in range(max(0, TRICKLE - unsettled)):
+                await self._start_one(host, i)
+                i += 1
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._injected.wait(), 0.1)
+        self._fed = True
+
+    async def _start_one(self, host: flowx.FlowHost, i: int) -> None:
+        while True:
+            try:
+                # Keyed: a start retried after an unknown outcome starts nothing twice.
+                handle = await host.start(
+                    order, Order(n=i), idempotency_key=f"chaos-{i}", run_here=False
+                )
+                break
+            except flowx.StoreError:
+                await asyncio.sleep(0.2)  # the journal is restarting (postgres arm)
+        self.started.append(handle.instance_id)
 
     async def settled(self) -> None:
         deadline = time.monotonic() + self.c.settle_timeout
@@ -289,7 +312,7 @@ class Rig:
                 "SELECT count(*) FROM flow_instance WHERE state IN "
                 "('Completed', 'Failed', 'CompensationFailed', 'TimedOut')"
             )
-            if rows[0][0] >= len(self.started) == self.c.flows:
+            if self._fed and rows[0][0] >= len(self.started):
                 return
             await asyncio.sleep(0.25)
         raise TimeoutError(f"instances not settled within {self.c.settle_timeout:.0f}s")
@@ -310,7 +333,10 @@ class Rig:
             async with host:
                 self._feed_end = time.monotonic() + self.c.flows / self.c.rate
                 feeding = asyncio.ensure_future(self.feed(host))
-                await self.inject()
+                try:
+                    await self.inject()
+                finally:
+                    self._injected.set()
                 await feeding
                 await self.settled()
             await self.stop_all()
