@@ -6,15 +6,15 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from typing import Any
 
 import click
 
 from flowx.cli.app import db_option, output_option
 from flowx.cli.connect import open_stores
 from flowx.cli.exits import EXIT_ERROR, run
-from flowx.cli.render import emit_json, payload
+from flowx.cli.render import emit_json
 from flowx.errors import IllegalState, InstanceNotFound
+from flowx.hosting.documents import result_dict
 from flowx.stores.records import InstanceRecord, InstanceState
 
 #: The longest pause between two looks at an instance that has not ended.
@@ -46,16 +46,6 @@ async def await_end(db: str, instance_id: str, wait: float | None) -> InstanceRe
                 )
             await asyncio.sleep(min(pause, left))
             pause = min(pause * 2, POLL_CAP)
-
-
-def result_dict(record: InstanceRecord) -> dict[str, Any]:
-    completed = record.state is InstanceState.COMPLETED
-    return {
-        "instance_id": record.instance_id,
-        "state": record.state.value,
-        "result": payload(record.state_bag) if completed else None,
-        "error": payload(record.error),
-    }
 
 
 def print_result(record: InstanceRecord, output: str) -> None:
