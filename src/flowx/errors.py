@@ -7,6 +7,8 @@ translates at its seam. Every error carries the facts that explain it as attribu
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class FlowXError(Exception):
     """Base class of every FlowX error.
@@ -71,10 +73,14 @@ class InputInvalid(FlowXError):
 
     code = "flow.input_invalid"
 
-    def __init__(self, flow_id: str, detail: str) -> None:
+    def __init__(
+        self, flow_id: str, detail: str, *, fields: list[dict[str, Any]] | None = None
+    ) -> None:
         super().__init__(f"input for flow {flow_id!r} is invalid: {detail}")
         self.flow_id = flow_id
         self.detail = detail
+        #: One entry per bad field (``loc``, ``msg``, ``type``), when pydantic found them.
+        self.fields = fields or []
 
 
 class SerialisationError(FlowXError):

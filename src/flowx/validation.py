@@ -7,6 +7,8 @@ parser (a log search, a test) reads them all.
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import ValidationError
 
 
@@ -20,3 +22,12 @@ def problems(exc: ValidationError, *, root: str = "(root)", field_label: bool = 
             f"field '{where}': {error['msg']}" if field_label else f"{where}: {error['msg']}"
         )
     return "; ".join(parts)
+
+
+def field_errors(exc: ValidationError) -> list[dict[str, Any]]:
+    """Each error of ``exc`` as ``{"loc": [...], "msg": ..., "type": ...}``: what an HTTP 422
+    lists. The offending value is left out: it may be a secret, and the caller sent it."""
+    return [
+        {"loc": [str(p) for p in e["loc"]], "msg": e["msg"], "type": e["type"]}
+        for e in exc.errors(include_url=False, include_input=False, include_context=False)
+    ]

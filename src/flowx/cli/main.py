@@ -17,6 +17,7 @@ from flowx.cli.instances import count, list_, show, start
 from flowx.cli.outbox import outbox
 from flowx.cli.results import result
 from flowx.cli.retention import retention
+from flowx.cli.serve import serve
 from flowx.cli.signals import replay, signal
 from flowx.cli.stops import cancel, terminate
 from flowx.cli.worker import worker
@@ -39,6 +40,7 @@ for _command in (
     migrate,
     doctor,
     outbox,
+    serve,
 ):
     cli.add_command(_command)
 

@@ -50,6 +50,10 @@ class PlanCatalog:
     def carries(self, flow_id: str, version: str) -> bool:
         return (flow_id, version) in self._plans
 
+    def all(self) -> list[Plan]:
+        """Every carried plan, by flow id then version."""
+        return sorted(self._plans.values(), key=lambda p: (p.flow_id, version_key(p.version)))
+
     def refs(self) -> list[str]:
         """Every carried ``flow@version``, for errors and for the timer service's filter."""
         return [p.ref for p in self._plans.values()]

@@ -19,7 +19,7 @@ from flowx.hosting.storable import partition_of, tenant_key
 from flowx.plan.model import Plan, SubFlowNode
 from flowx.stores.records import InstanceRecord, InstanceState, NewInstance
 from flowx.tracing import current_context
-from flowx.validation import problems
+from flowx.validation import field_errors, problems
 
 #: Instance ids from idempotency keys are derived, so two racing starts contend for one lease.
 INSTANCE_NAMESPACE = uuid.UUID("b3c1f0d2-8a4e-4f6b-9c2d-1e7a5b9f3c40")
@@ -108,4 +108,4 @@ def validated_input(plan: Plan, value: Any) -> BaseModel:
             return plan.input_model.model_validate_json(value)
         return plan.input_model.model_validate(value)
     except ValidationError as exc:
-        raise InputInvalid(plan.flow_id, problems(exc)) from exc
+        raise InputInvalid(plan.flow_id, problems(exc), fields=field_errors(exc)) from exc

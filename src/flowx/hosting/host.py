@@ -201,6 +201,11 @@ class FlowHost:
         """The carried plan for a flow id (and version; the highest one by default)."""
         return self._ctx.plans.plan(flow, version)
 
+    @property
+    def plans(self) -> list[Plan]:
+        """Every plan this host carries, sub-flows included, by flow id then version."""
+        return self._ctx.plans.all()
+
     def carries(self, flow_id: str, version: str) -> bool:
         """Whether this host has the plan ``flow_id@version``: a worker resumes only
         instances of plans it carries."""
@@ -258,6 +263,11 @@ class FlowHost:
         """Readiness (R7.1): open, accepting work, and every configured store reachable."""
         ctx = self._ctx
         return ctx.opened and ctx.accepting and (ctx.store is None or ctx.store_ready)
+
+    @property
+    def draining(self) -> bool:
+        """Open, but accepting no new work: a drain has begun (R7.2)."""
+        return self._ctx.opened and not self._ctx.accepting
 
     async def wait_ready(self, timeout: float | None = None) -> None:
         """Wait until ``ready`` (for probes, tests and the CLI)."""

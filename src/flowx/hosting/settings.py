@@ -13,7 +13,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -129,6 +129,12 @@ class HostSettings(BaseSettings):
     #: How often the gauges that are read, not counted (in flight, leases, outbox backlog,
     #: journal up), are sampled while metrics are served.
     metrics_interval: timedelta = timedelta(seconds=10)
+    #: The HTTP API's bearer token with every right (start, signal, cancel, terminate,
+    #: replay, retry a dead letter); ``FLOWX_API_TOKEN``. With neither token set the API
+    #: asks for none, and ``flowx serve`` refuses any address but loopback.
+    api_token: SecretStr | None = None
+    #: A bearer token that may only read (list, show, steps, result, outbox, health).
+    api_read_token: SecretStr | None = None
 
     @field_validator(*_DURATIONS, mode="before")
     @classmethod
@@ -177,6 +183,15 @@ class HostSettings(BaseSettings):
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
+        tokens = [t.get_secret_value() for t in (self.api_token, self.api_read_token) if t]
+        if any(len(t) < 16 for t in tokens):
+            # The value itself is never echoed: it is a secret even when it is too short.
+            raise ValueError(
+                "api_token and api_read_token must be at least 16 characters; make one with "
+                "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`"
+            )
+        if len(tokens) == 2 and tokens[0] == tokens[1]:
+            raise ValueError("api_read_token must differ from api_token, or reading is admin")
         return self
 
     @property
