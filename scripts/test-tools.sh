@@ -2,14 +2,16 @@
 # Install the system tools the fault tests use when they are missing (Debian/Ubuntu):
 #   faketime  libfaketime, to run a worker whose wall clock is off (tests/faults/test_clock_skew.py)
 #   strace    fault injection, to slow every fsync of a PostgreSQL server (tests/faults/test_slow_fsync.py)
+#   chromium  Debian's browser, driven headless by Playwright for the web UI's tests (tests/ui)
 # Fails naming what could not be installed; the tests that need a missing tool skip, saying why.
 set -u
 
 missing=()
 command -v faketime >/dev/null 2>&1 || missing+=(faketime)
 command -v strace >/dev/null 2>&1 || missing+=(strace)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 if [ ${#missing[@]} -eq 0 ]; then
-  echo "services: faketime and strace are installed"
+  echo "services: faketime, strace and chromium are installed"
   exit 0
 fi
 

@@ -9,11 +9,8 @@ the instance, step, signal and outbox tables, and the retention policy.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
-import socket
 import sqlite3
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,14 +18,11 @@ from typing import Any
 
 import pytest
 import schemathesis
-import uvicorn
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import positive_data_acceptance
 
-import flowx
-from flowx.api import create_app
 from tests.api.api_flows import FLOWS
-from tests.support.polling import until_sync
+from tests.api.live import LiveServer, live_server
 
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN = "admin-token-for-the-fuzz-run"
@@ -46,19 +40,19 @@ schema = schemathesis.openapi.from_path(
 
 @dataclass
 class Server:
-    url: str
-    db: Path
-    host: flowx.FlowHost
-    loop: asyncio.AbstractEventLoop
+    live: LiveServer
     ids: list[str]
 
+    @property
+    def url(self) -> str:
+        return self.live.url
+
     def idle(self) -> None:
-        """Wait until nothing runs on the server's host, so a snapshot stays still."""
-        asyncio.run_coroutine_threadsafe(self.host.wait_idle(timeout=10), self.loop).result(15)
+        self.live.idle()
 
     def digest(self) -> str:
         h = hashlib.sha256()
-        with sqlite3.connect(f"file:{self.db}?mode=ro", uri=True) as conn:
+        with sqlite3.connect(f"file:{self.live.db}?mode=ro", uri=True) as conn:
             for table in WATCHED:
                 for row in conn.execute(f"SELECT * FROM {table} ORDER BY 1, 2, 3"):
                     h.update(repr(row).encode())
@@ -68,20 +62,8 @@ class Server:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     db = tmp_path_factory.mktemp("fuzz") / "journal.db"
-    settings_ = flowx.HostSettings.load(api_token=ADMIN, recovery=False, timers=False)
-    host = flowx.FlowHost(store=flowx.sqlite(str(db)), flows=FLOWS, settings=settings_)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    port = sock.getsockname()[1]
-    app = create_app(host, owns_host=True)
-    uv = uvicorn.Server(uvicorn.Config(app, log_config=None, lifespan="on"))
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_until_complete, args=(uv.serve([sock]),))
-    thread.start()
-    try:
-        until_sync(lambda: uv.started or not thread.is_alive(), within=30, what="uvicorn up")
-        assert uv.started, "the API server did not start"
+    with live_server(db, api_token=ADMIN) as live:
+        host = live.host
 
         async def seed() -> list[str]:
             """Instances to aim at: Pending, Suspended at a signal, Cancelled, Completed."""
@@ -96,13 +78,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             pending = await host.start("api.mail", {"order_id": "P"}, run_here=False)
             return [*ids, pending.instance_id]
 
-        ids = asyncio.run_coroutine_threadsafe(seed(), loop).result(30)
-        yield Server(f"http://127.0.0.1:{port}", db, host, loop, ids)
-    finally:
-        uv.should_exit = True
-        thread.join(30)
-        loop.close()
-        sock.close()
+        yield Server(live, live.call(seed))
 
 
 def _aimed(case: Any, server: Server) -> None:

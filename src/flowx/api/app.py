@@ -15,10 +15,11 @@ from typing import Any, Final
 
 from fastapi import FastAPI, Response
 from fastapi.exceptions import RequestValidationError
+from fastapi.responses import RedirectResponse
 from starlette.exceptions import HTTPException
 
 from flowx import __version__
-from flowx.api import errors, models, routes
+from flowx.api import errors, models, routes, ui
 from flowx.errors import FlowXError
 from flowx.hosting.host import FlowHost
 
@@ -72,6 +73,11 @@ def create_app(host: FlowHost, *, run_here: bool = False, owns_host: bool = Fals
     app.add_exception_handler(HTTPException, errors.on_http_error)
     app.add_exception_handler(Exception, errors.on_bug)
     app.include_router(routes.build(host, run_here=run_here))
+    app.include_router(ui.build(host))
+
+    @app.get("/", include_in_schema=False)
+    async def home() -> RedirectResponse:
+        return RedirectResponse("/ui/", status_code=303)
 
     @app.get("/healthz", response_model=models.Health, tags=["health"])
     async def health() -> dict[str, Any]:

@@ -60,7 +60,7 @@ Filter = Annotated[str | None, Query(min_length=1, max_length=200, pattern=NAME_
 InstanceId = Annotated[str, Path(min_length=1, max_length=100)]
 
 
-def _name(value: str | None, what: str) -> str | None:
+def checked_name(value: str | None, what: str) -> str | None:
     if value is not None:
         problem = name_problem(value)
         if problem is not None:
@@ -68,7 +68,7 @@ def _name(value: str | None, what: str) -> str | None:
     return value
 
 
-def _moment(text: str | None, what: str) -> datetime | None:
+def moment(text: str | None, what: str) -> datetime | None:
     """An ISO 8601 moment; one without a zone is UTC, the zone every store writes."""
     if text is None:
         return None
@@ -87,17 +87,17 @@ def _moment(text: str | None, what: str) -> datetime | None:
         return (datetime.min if found.year < 2 else datetime.max).replace(tzinfo=UTC)
 
 
-def _cursor(text: str | None) -> tuple[datetime, str] | None:
+def cursor(text: str | None) -> tuple[datetime, str] | None:
     if text is None:
         return None
     stamp, sep, instance_id = text.rpartition(",")
-    moment = _moment(stamp, "before") if sep else None
-    if moment is None or not instance_id:
+    when = moment(stamp, "before") if sep else None
+    if when is None or not instance_id:
         raise RequestInvalid(
             "before is not CREATED_AT,ID: pass the 'next' of the previous page",
             code="request.invalid",
         )
-    return moment, instance_id
+    return when, instance_id
 
 
 def build(host: FlowHost, *, run_here: bool) -> APIRouter:
@@ -128,18 +128,18 @@ async def _known_query(request: Request) -> None:
         )
 
 
-def _stores(host: FlowHost) -> Stores:
+def journal_of(host: FlowHost) -> Stores:
     found = host.store
     if found is None:
         raise FlowXError("this server has no journal; start it with --db", code="api.no_journal")
     return found
 
 
-async def _contents(host: FlowHost, instance_id: str) -> ArchivedInstance:
+async def instance_contents(host: FlowHost, instance_id: str) -> ArchivedInstance:
     """Everything the journal holds of one instance, in one read."""
     found = []
     if storable_id(instance_id):
-        found = list(await _stores(host).retention.contents([instance_id]))
+        found = list(await journal_of(host).retention.contents([instance_id]))
     if not found:
         raise InstanceNotFound(instance_id)
     return found[0]
@@ -176,10 +176,10 @@ def _starts(api: APIRouter, host: FlowHost, read: Deps, admin: Deps, *, run_here
     ) -> dict[str, Any]:
         """Start an instance. 201 when started, 200 when its idempotency key had started it
         before (nothing new is started), 422 naming each field the input got wrong."""
-        _name(flow_id, "flow_id")
-        _name(request.idempotency_key, "idempotency_key")
-        _name(request.correlation_id, "correlation_id")
-        plan = host.plan(flow_id, _name(request.version, "version"))
+        checked_name(flow_id, "flow_id")
+        checked_name(request.idempotency_key, "idempotency_key")
+        checked_name(request.correlation_id, "correlation_id")
+        plan = host.plan(flow_id, checked_name(request.version, "version"))
         value = {} if request.input is None else request.input
         handle = await host.start(
             plan,
@@ -227,16 +227,16 @@ def _reads(api: APIRouter, host: FlowHost, read: Deps) -> None:
         answer's ``next`` as ``before`` for the next page."""
         query = InstanceQuery(
             limit=limit,
-            flow_id=_name(flow, "flow"),
+            flow_id=checked_name(flow, "flow"),
             state=state,
-            flow_version=_name(version, "version"),
-            tenant_id=_name(tenant, "tenant"),
-            parent_id=_name(parent, "parent"),
-            since=_moment(since, "since"),
-            until=_moment(until, "until"),
-            before=_cursor(before),
+            flow_version=checked_name(version, "version"),
+            tenant_id=checked_name(tenant, "tenant"),
+            parent_id=checked_name(parent, "parent"),
+            since=moment(since, "since"),
+            until=moment(until, "until"),
+            before=cursor(before),
         )
-        rows = list(await _stores(host).catalog.list_instances(query))
+        rows = list(await journal_of(host).catalog.list_instances(query))
         more = None
         if len(rows) == limit:
             more = f"{rows[-1].created_at.isoformat()},{rows[-1].instance_id}"
@@ -250,7 +250,7 @@ def _reads(api: APIRouter, host: FlowHost, read: Deps) -> None:
     )
     async def show(instance_id: InstanceId) -> dict[str, Any]:
         """An instance, what it waits for, its parent, its signals and its events."""
-        everything = await _contents(host, instance_id)
+        everything = await instance_contents(host, instance_id)
         record, steps = everything.instance, list(everything.steps)
         taken = taken_signals(steps)
         return {
@@ -269,7 +269,7 @@ def _reads(api: APIRouter, host: FlowHost, read: Deps) -> None:
     )
     async def steps(instance_id: InstanceId) -> dict[str, Any]:
         """Every step row of the instance (attempts, compensations, waits), in commit order."""
-        everything = await _contents(host, instance_id)
+        everything = await instance_contents(host, instance_id)
         return {"steps": [step_dict(s) for s in everything.steps]}
 
     @api.get(
@@ -309,8 +309,8 @@ def _acts(api: APIRouter, host: FlowHost, admin: Deps, *, run_here: bool) -> Non
     )
     async def signal(instance_id: InstanceId, request: models.SignalRequest) -> dict[str, Any]:
         """Deliver a signal; with a ``key``, a redelivery is inert (``status: duplicate``)."""
-        _name(request.name, "name")
-        _name(request.key, "key")
+        checked_name(request.name, "name")
+        checked_name(request.key, "key")
         receipt = await host.signal(
             instance_id, request.name, request.payload, key=request.key, run_here=run_here
         )
@@ -348,7 +348,7 @@ def _acts(api: APIRouter, host: FlowHost, admin: Deps, *, run_here: bool) -> Non
         what would be undone)."""
         step = request.from_step
         if isinstance(step, str):
-            _name(step, "from_step")
+            checked_name(step, "from_step")
         deadline = None
         if request.deadline is not None:
             try:
@@ -363,7 +363,7 @@ def _outbox(api: APIRouter, host: FlowHost, read: Deps, admin: Deps) -> None:
     @api.get("/outbox", dependencies=read, response_model=models.Outbox, tags=["outbox"])
     async def outbox(limit: Annotated[int, Query(ge=1, le=10_000)] = 100) -> dict[str, Any]:
         """How many events wait to be published, and the dead letters, oldest first."""
-        box = _stores(host).outbox
+        box = journal_of(host).outbox
         pending = await box.pending_count()
         return {
             "pending": pending,
@@ -380,6 +380,8 @@ def _outbox(api: APIRouter, host: FlowHost, read: Deps, admin: Deps) -> None:
         event_id: Annotated[str, Path(min_length=1, max_length=100)],
     ) -> dict[str, Any]:
         """Put a dead letter back in the outbox once its cause is fixed."""
-        if not storable_id(event_id) or not await _stores(host).outbox.retry_dead_letter(event_id):
+        if not storable_id(event_id) or not await journal_of(host).outbox.retry_dead_letter(
+            event_id
+        ):
             raise DeadLetterNotFound(event_id)
         return {"event_id": event_id, "requeued": True}
