@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test lint typecheck services bench chaos clean
+.PHONY: help demo ui test lint typecheck services bench chaos clean
 
 help: ## list the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -22,6 +22,10 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP) ## crash a worker mid-flight (SQLite; STORE=postgresql://... for PostgreSQL); another finishes
 	$(BIN)/python -m examples.demo$(if $(STORE), --store "$(STORE)")
+
+ui: $(STAMP) ## serve the web UI and HTTP API over the demo's journal (run `make demo` first)
+	@test -f .demo/flowx.db || { echo "no demo journal yet: run 'make demo' first"; exit 1; }
+	$(BIN)/flowx serve --db sqlite:///.demo/flowx.db --flows examples.order_flow:FLOWS --port 8080
 
 services: ## check the PostgreSQL, Redis, RabbitMQ and NATS the tests use; start any that is down
 	@bash scripts/services.sh

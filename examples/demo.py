@@ -200,6 +200,10 @@ def _wait(predicate: object, timeout: float, what: str) -> None:
     raise SystemExit(f"demo: timed out after {timeout:.0f}s waiting for {what}")
 
 
+#: Where ``make ui`` serves the web UI over the demo's journal.
+UI_URL = "http://127.0.0.1:8080/ui/"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=50)
@@ -327,6 +331,12 @@ def _run(journal: Journal, ledger: Path, total: int) -> int:
     )
     print()
     print("  OK: every instance completed" if ok else "  FAILED: see the table above")
+    print()
+    if journal.url.startswith("sqlite"):
+        print(f"  Look at them in the web UI: {UI_URL}  (`make ui` serves it; Ctrl-C stops it)")
+    else:
+        serve = f"flowx serve --db {journal.shown} --flows examples.order_flow:FLOWS"
+        print(f"  Look at them in the web UI: {UI_URL}  (`{serve}` serves it)")
     return 0 if ok else 1
 
 
