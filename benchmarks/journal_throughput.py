@@ -142,15 +142,17 @@ class _Counted:
         return True
 
 
-def _traced() -> _Counted:
-    """Switch FlowX's tracing on, always sampled, exported in batches (``--trace``)."""
+def _traced(ratio: float) -> _Counted:
+    """Switch FlowX's tracing on, exported in batches (``--trace``): every trace sampled, or
+    the share ``ratio`` of them (``--trace-ratio``, a head sampler as production uses)."""
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
     from flowx import tracing
 
     exporter = _Counted()
-    provider = TracerProvider()
+    provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(ratio)))
     provider.add_span_processor(BatchSpanProcessor(exporter))  # type: ignore[arg-type]
     tracing.use(provider)
     return exporter
@@ -175,9 +177,15 @@ def main() -> None:
         help="trace every span (the OpenTelemetry SDK, always sampled, batched to an exporter "
         "that counts and drops them): the cost of tracing switched on",
     )
+    parser.add_argument(
+        "--trace-ratio",
+        type=float,
+        default=1.0,
+        help="with --trace: the share of traces sampled (default 1: every one)",
+    )
     args = parser.parse_args()
     plan = make_plan(args.steps)
-    exported = _traced() if args.trace else None
+    exported = _traced(args.trace_ratio) if args.trace else None
     if args.loop == "uvloop":
         import uvloop  # a measured-only dependency: benchmarks/event_loops.py
 
@@ -196,6 +204,7 @@ def main() -> None:
         "note": "each level commits `steps` step rows plus one final transition per instance",
         "loop": args.loop,
         "tracing": args.trace,
+        "trace_ratio": args.trace_ratio if args.trace else None,
         "spans_exported": exported.count if exported is not None else None,
         "results": results,
     }
