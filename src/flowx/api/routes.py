@@ -19,7 +19,6 @@ from flowx.api import models
 from flowx.api.auth import requires
 from flowx.api.models import NAME_PATTERN
 from flowx.durations import parse_duration
-from flowx.engine.waiting import waiting_for
 from flowx.errors import (
     DeadLetterNotFound,
     FlowFailed,
@@ -30,16 +29,13 @@ from flowx.errors import (
 from flowx.hosting.documents import (
     event_dict,
     instance_dict,
-    outbox_dict,
-    parent_dict,
+    instance_view,
+    next_cursor,
     receipt_dict,
     replay_dict,
     result_dict,
-    signal_dict,
     step_dict,
     stop_dict,
-    taken_signals,
-    waiting_dict,
 )
 from flowx.hosting.host import FlowHost
 from flowx.hosting.storable import storable_id
@@ -237,10 +233,7 @@ def _reads(api: APIRouter, host: FlowHost, read: Deps) -> None:
             before=cursor(before),
         )
         rows = list(await journal_of(host).catalog.list_instances(query))
-        more = None
-        if len(rows) == limit:
-            more = f"{rows[-1].created_at.isoformat()},{rows[-1].instance_id}"
-        return {"instances": [instance_dict(r) for r in rows], "next": more}
+        return {"instances": [instance_dict(r) for r in rows], "next": next_cursor(rows, limit)}
 
     @api.get(
         "/instances/{instance_id}",
@@ -250,16 +243,7 @@ def _reads(api: APIRouter, host: FlowHost, read: Deps) -> None:
     )
     async def show(instance_id: InstanceId) -> dict[str, Any]:
         """An instance, what it waits for, its parent, its signals and its events."""
-        everything = await instance_contents(host, instance_id)
-        record, steps = everything.instance, list(everything.steps)
-        taken = taken_signals(steps)
-        return {
-            "instance": instance_dict(record),
-            "waiting": waiting_dict(waiting_for(record, steps, host.plans)),
-            "parent": parent_dict(record),
-            "signals": [signal_dict(s, taken=s.seq in taken) for s in everything.signals],
-            "events": [outbox_dict(e) for e in everything.events],
-        }
+        return instance_view(await instance_contents(host, instance_id), host.plans)
 
     @api.get(
         "/instances/{instance_id}/steps",

@@ -21,17 +21,14 @@ from flowx.api.auth import COOKIE, scope_of
 from flowx.api.errors import status_of
 from flowx.api.routes import checked_name, cursor, instance_contents, journal_of, moment
 from flowx.durations import parse_duration
-from flowx.engine.waiting import waiting_for
 from flowx.errors import DeadLetterNotFound, FlowXError, RequestInvalid
 from flowx.hosting.documents import (
     event_dict,
     instance_dict,
-    outbox_dict,
+    instance_view,
+    next_cursor,
     replay_dict,
-    signal_dict,
     step_dict,
-    taken_signals,
-    waiting_dict,
 )
 from flowx.hosting.host import FlowHost
 from flowx.stores.protocols import InstanceQuery
@@ -161,9 +158,7 @@ def _instances(ui: APIRouter, pages: Pages) -> None:
                 before=cursor(before or None),
             )
             rows = list(await journal_of(host).catalog.list_instances(query))
-            more = None
-            if len(rows) == PAGE:
-                more = f"{rows[-1].created_at.isoformat()},{rows[-1].instance_id}"
+            more = next_cursor(rows, PAGE)
             filters = {
                 "state": state or "", "flow": flow or "", "version": version or "",
                 "tenant": tenant or "", "parent": parent or "", "since": since or "",
@@ -187,7 +182,7 @@ def _instances(ui: APIRouter, pages: Pages) -> None:
         async def render() -> Response:
             everything = await instance_contents(host, instance_id)
             record, steps = everything.instance, list(everything.steps)
-            taken = taken_signals(steps)
+            view = instance_view(everything, host.plans)
             children = await journal_of(host).catalog.list_instances(
                 InstanceQuery(limit=200, parent_id=instance_id)
             )
@@ -199,12 +194,12 @@ def _instances(ui: APIRouter, pages: Pages) -> None:
             return page(
                 request,
                 "instance.html",
-                i=instance_dict(record),
-                waiting=waiting_dict(waiting_for(record, steps, host.plans)),
+                i=view["instance"],
+                waiting=view["waiting"],
                 steps=timeline,
                 children=[instance_dict(c) for c in children],
-                signals=[signal_dict(s, taken=s.seq in taken) for s in everything.signals],
-                events=[outbox_dict(e) for e in everything.events],
+                signals=view["signals"],
+                events=view["events"],
                 plan_steps=plan_steps,
                 ended=record.state.terminal,
             )

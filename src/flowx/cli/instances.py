@@ -16,18 +16,13 @@ from flowx.cli.render import (
     emit_json,
     instance_dict,
     instances_text,
-    outbox_dict,
-    parent_dict,
     show_text,
-    signal_dict,
     step_dict,
     table,
-    taken_signals,
-    waiting_dict,
 )
 from flowx.cli.results import await_end, print_result
-from flowx.engine.waiting import waiting_for
 from flowx.errors import FlowXError, InputUnstorable, InstanceNotFound, SerialisationError
+from flowx.hosting.documents import instance_view, next_cursor
 from flowx.hosting.host import FlowHost
 from flowx.hosting.settings import HostSettings
 from flowx.hosting.stores import from_url
@@ -222,9 +217,7 @@ def list_(db: str, output: str, limit: int, before: str | None, **filters: Any) 
     docs = [instance_dict(r) for r in rows]
     # A full page may or may not be the last; the cursor is exact (microseconds), unlike the
     # seconds shown in the table.
-    more = (
-        f"{rows[-1].created_at.isoformat()},{rows[-1].instance_id}" if len(rows) == limit else None
-    )
+    more = next_cursor(rows, limit)
     if output == "json":
         emit_json({"instances": docs, "next": more})
         return
@@ -289,15 +282,7 @@ def show(instance_id: str, db: str, output: str, flows: tuple[str, ...]) -> None
 
     everything = run(main())
     record, steps = everything.instance, list(everything.steps)
-    taken = taken_signals(steps)
-    doc = {
-        "instance": instance_dict(record),
-        "steps": [step_dict(s) for s in steps],
-        "waiting": waiting_dict(waiting_for(record, steps, plans)),
-        "parent": parent_dict(record),
-        "signals": [signal_dict(s, taken=s.seq in taken) for s in everything.signals],
-        "events": [outbox_dict(e) for e in everything.events],
-    }
+    doc = {**instance_view(everything, plans), "steps": [step_dict(s) for s in steps]}
     if output == "json":
         emit_json(doc)
         return

@@ -14,9 +14,11 @@ from typing import Any
 
 from flowx import codec
 from flowx.engine.replay_plan import ReplayPlan
-from flowx.engine.waiting import Waiting
+from flowx.engine.waiting import Waiting, waiting_for
 from flowx.hosting.stopping import StopOutcome
+from flowx.plan.model import Plan
 from flowx.stores.records import (
+    ArchivedInstance,
     EventRecord,
     InstanceRecord,
     InstanceState,
@@ -177,3 +179,25 @@ def result_dict(record: InstanceRecord) -> dict[str, Any]:
         "result": payload(record.state_bag) if completed else None,
         "error": payload(record.error),
     }
+
+
+def instance_view(everything: ArchivedInstance, plans: Sequence[Plan]) -> dict[str, Any]:
+    """An instance with what it waits for, its parent, its inbox and its events: what
+    ``flowx show``, ``GET /v1/instances/{id}`` and the UI's instance page show."""
+    record, steps = everything.instance, list(everything.steps)
+    taken = taken_signals(steps)
+    return {
+        "instance": instance_dict(record),
+        "waiting": waiting_dict(waiting_for(record, steps, plans)),
+        "parent": parent_dict(record),
+        "signals": [signal_dict(s, taken=s.seq in taken) for s in everything.signals],
+        "events": [outbox_dict(e) for e in everything.events],
+    }
+
+
+def next_cursor(rows: Sequence[InstanceRecord], limit: int) -> str | None:
+    """The keyset cursor after a full page (``CREATED_AT,ID``, exact to the microsecond), or
+    ``None`` after a short one: a full page may or may not be the last."""
+    if len(rows) < limit or not rows:
+        return None
+    return f"{rows[-1].created_at.isoformat()},{rows[-1].instance_id}"
