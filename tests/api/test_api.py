@@ -161,6 +161,9 @@ async def test_what_does_not_exist_is_404(api: Api) -> None:
         ),
         await api.client.post(f"/v1/outbox/dead-letters/{missing}/retry"),
         await api.start("no.such.flow"),
+        await api.client.get("/v1/instances/not-a-uuid/result"),
+        await api.client.post("/v1/instances/not-a-uuid/cancel", json={"reason": "x"}),
+        await api.client.post("/v1/outbox/dead-letters/not-a-uuid/retry"),
     ):
         assert response.status_code == 404, response.text
         assert response.json()["error"]["code"].endswith("not_found")
@@ -345,3 +348,8 @@ async def test_durable_work_answers_503_with_retry_after_while_the_journal_is_do
         assert response.status_code == 201, response.text
         assert (await api.ended(response.json()["instance_id"]))["state"] == "Completed"
         assert (await client.get("/readyz")).status_code == 200
+
+
+def test_an_empty_token_is_refused_at_start_up_not_taken_as_admin() -> None:
+    with pytest.raises(flowx.SettingsError, match="at least 16 characters"):
+        flowx.HostSettings.load(api_token="")

@@ -70,15 +70,16 @@ def test_serve_with_work_runs_what_it_starts_and_stops_cleanly_on_sigterm(
 
 
 def test_serve_without_work_leaves_a_start_pending_for_the_workers(tmp_path: Path) -> None:
-    proc = _serve(tmp_path)
+    proc = _serve(tmp_path, env={"FLOWX_API_TOKEN": "", "FLOWX_API_READ_TOKEN": ""})
     ready = tmp_path / "ready"
     try:
         until_sync(lambda: ready.exists() or proc.poll() is not None, within=60, what="ready")
         with httpx.Client(base_url=ready.read_text(), timeout=30) as client:
             started = client.post("/v1/flows/api.mail/instances", json={"input": {"order_id": "P"}})
             assert started.status_code == 201, started.text
-            shown = client.get(f"/v1/instances/{started.json()['instance_id']}").json()
-            assert shown["instance"]["state"] == "Pending"
+            iid = started.json()["instance_id"]
+            waited = client.get(f"/v1/instances/{iid}/result", params={"wait": 1})
+            assert waited.status_code == 202 and waited.json()["state"] == "Pending"
     finally:
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)

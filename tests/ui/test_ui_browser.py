@@ -45,9 +45,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveServe
             ids["done"] = (await host.start("api.mail", {"order_id": "done"})).instance_id
             await host.wait_idle(timeout=10)
             api_flows.BROKEN.add("notify")
-            ids["failed"] = (await host.start("api.mail", {"order_id": "bad"})).instance_id
-            await host.wait_idle(timeout=10)
-            api_flows.BROKEN.clear()
+            try:
+                ids["failed"] = (await host.start("api.mail", {"order_id": "bad"})).instance_id
+                await host.wait_idle(timeout=10)
+            finally:
+                api_flows.BROKEN.clear()
             return ids
 
         yield live, live.call(seed)
@@ -151,3 +153,17 @@ def test_the_outbox_and_versions_pages(
     page.goto(f"{live.url}/ui/outbox")
     playwright.expect(page.locator("#backlog")).to_contain_text("pending")
     page.screenshot(path=str(SHOTS / "outbox.png"))
+
+
+def test_an_action_posted_from_another_site_is_refused(
+    server: tuple[LiveServer, dict[str, str]], browser: object
+) -> None:
+    live, ids = server
+    page = _signed_in(browser, live.url, ADMIN)
+    response = page.request.post(
+        f"{live.url}/ui/instances/{ids['ship-c']}/terminate",
+        form={"reason": "forged", "confirmed": "yes"},
+        headers={"Origin": "http://evil.example", "Sec-Fetch-Site": "cross-site"},
+    )
+    assert response.status == 403
+    assert live.call(lambda: live.host.get(ids["ship-c"])).state.value == "Suspended"

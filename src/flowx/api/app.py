@@ -73,7 +73,7 @@ def create_app(host: FlowHost, *, run_here: bool = False, owns_host: bool = Fals
     app.add_exception_handler(HTTPException, errors.on_http_error)
     app.add_exception_handler(Exception, errors.on_bug)
     app.include_router(routes.build(host, run_here=run_here))
-    app.include_router(ui.build(host))
+    app.include_router(ui.build(host, run_here=run_here))
 
     @app.get("/", include_in_schema=False)
     async def home() -> RedirectResponse:

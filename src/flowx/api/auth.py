@@ -46,7 +46,7 @@ def scope_of(settings: HostSettings, token: str | None) -> Scope | None:
     """The scope ``token`` grants; ``admin`` to anyone when no token is configured."""
     if settings.api_token is None and settings.api_read_token is None:
         return "admin"
-    if token is None:
+    if not token:
         return None
     if _same(token, settings.api_token):
         return "admin"

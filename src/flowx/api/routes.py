@@ -9,7 +9,9 @@ rule the CLI keeps (idempotency, admission, fencing, who and why of a stop) hold
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+import uuid
 from datetime import UTC, datetime
 from typing import Annotated, Any, Final
 
@@ -56,6 +58,17 @@ Filter = Annotated[str | None, Query(min_length=1, max_length=200, pattern=NAME_
 InstanceId = Annotated[str, Path(min_length=1, max_length=100)]
 
 
+def journal_id(text: str) -> bool:
+    """Whether ``text`` is an id a journal gives (instances and events have UUIDs): anything
+    else names nothing, and is answered "not found" before a store is asked (PostgreSQL keys
+    them as ``uuid``)."""
+    try:
+        uuid.UUID(text)
+    except ValueError:
+        return False
+    return storable_id(text)
+
+
 def checked_name(value: str | None, what: str) -> str | None:
     if value is not None:
         problem = name_problem(value)
@@ -88,7 +101,7 @@ def cursor(text: str | None) -> tuple[datetime, str] | None:
         return None
     stamp, sep, instance_id = text.rpartition(",")
     when = moment(stamp, "before") if sep else None
-    if when is None or not instance_id:
+    if when is None or not journal_id(instance_id):
         raise RequestInvalid(
             "before is not CREATED_AT,ID: pass the 'next' of the previous page",
             code="request.invalid",
@@ -134,7 +147,7 @@ def journal_of(host: FlowHost) -> Stores:
 async def instance_contents(host: FlowHost, instance_id: str) -> ArchivedInstance:
     """Everything the journal holds of one instance, in one read."""
     found = []
-    if storable_id(instance_id):
+    if journal_id(instance_id):
         found = list(await journal_of(host).retention.contents([instance_id]))
     if not found:
         raise InstanceNotFound(instance_id)
@@ -270,6 +283,8 @@ def _reads(api: APIRouter, host: FlowHost, read: Deps) -> None:
     ) -> dict[str, Any]:
         """What the instance ended with (200), waiting up to ``wait`` seconds for it to end
         (a long poll); 202 with its current state if it has not ended by then."""
+        if not journal_id(instance_id):
+            raise InstanceNotFound(instance_id)
         ends = time.monotonic() + wait
         pause = 0.05
         while True:
@@ -295,8 +310,12 @@ def _acts(api: APIRouter, host: FlowHost, admin: Deps, *, run_here: bool) -> Non
         """Deliver a signal; with a ``key``, a redelivery is inert (``status: duplicate``)."""
         checked_name(request.name, "name")
         checked_name(request.key, "key")
+        if not journal_id(instance_id):
+            raise InstanceNotFound(instance_id)
+        # As JSON text: the host reads a str payload as JSON, and "hello" is a value here.
+        text = json.dumps(request.payload, ensure_ascii=False)
         receipt = await host.signal(
-            instance_id, request.name, request.payload, key=request.key, run_here=run_here
+            instance_id, request.name, text, key=request.key, run_here=run_here
         )
         return receipt_dict(receipt)
 
@@ -309,6 +328,8 @@ def _acts(api: APIRouter, host: FlowHost, admin: Deps, *, run_here: bool) -> Non
     async def cancel(instance_id: InstanceId, request: models.StopRequest) -> dict[str, Any]:
         """Cancel the instance and its running sub-flows: each stops at its next boundary,
         compensates what finished and ends Cancelled. Repeating it is inert."""
+        if not journal_id(instance_id):
+            raise InstanceNotFound(instance_id)
         return stop_dict(await host.cancel(instance_id, request.reason, by="api"))
 
     @api.post(
@@ -319,6 +340,8 @@ def _acts(api: APIRouter, host: FlowHost, admin: Deps, *, run_here: bool) -> Non
     )
     async def terminate(instance_id: InstanceId, request: models.StopRequest) -> dict[str, Any]:
         """Terminate the instance and its running sub-flows, compensating nothing."""
+        if not journal_id(instance_id):
+            raise InstanceNotFound(instance_id)
         return stop_dict(await host.terminate(instance_id, request.reason, by="api"))
 
     @api.post(
@@ -339,7 +362,11 @@ def _acts(api: APIRouter, host: FlowHost, admin: Deps, *, run_here: bool) -> Non
                 deadline = parse_duration(request.deadline, what="deadline")
             except ValueError as exc:
                 raise RequestInvalid(str(exc), code="request.invalid") from None
-        planned = await host.replay(instance_id, step, dry_run=request.dry_run, deadline=deadline)
+        if not journal_id(instance_id):
+            raise InstanceNotFound(instance_id)
+        planned = await host.replay(
+            instance_id, step, dry_run=request.dry_run, deadline=deadline, run_here=run_here
+        )
         return {**replay_dict(planned), "dry_run": request.dry_run}
 
 
@@ -364,7 +391,7 @@ def _outbox(api: APIRouter, host: FlowHost, read: Deps, admin: Deps) -> None:
         event_id: Annotated[str, Path(min_length=1, max_length=100)],
     ) -> dict[str, Any]:
         """Put a dead letter back in the outbox once its cause is fixed."""
-        if not storable_id(event_id) or not await journal_of(host).outbox.retry_dead_letter(
+        if not journal_id(event_id) or not await journal_of(host).outbox.retry_dead_letter(
             event_id
         ):
             raise DeadLetterNotFound(event_id)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, Final
+from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
@@ -19,9 +20,16 @@ from fastapi.templating import Jinja2Templates
 
 from flowx.api.auth import COOKIE, scope_of
 from flowx.api.errors import status_of
-from flowx.api.routes import checked_name, cursor, instance_contents, journal_of, moment
+from flowx.api.routes import (
+    checked_name,
+    cursor,
+    instance_contents,
+    journal_id,
+    journal_of,
+    moment,
+)
 from flowx.durations import parse_duration
-from flowx.errors import DeadLetterNotFound, FlowXError, RequestInvalid
+from flowx.errors import DeadLetterNotFound, FlowXError, InstanceNotFound, RequestInvalid
 from flowx.hosting.documents import (
     event_dict,
     instance_dict,
@@ -58,9 +66,10 @@ def _bar(steps: list[dict[str, Any]], created: datetime) -> None:
 class Pages:
     """What every page needs: the host, rendering with the viewer's scope, and the gate."""
 
-    def __init__(self, host: FlowHost) -> None:
+    def __init__(self, host: FlowHost, *, run_here: bool) -> None:
         self.host = host
         self.settings = host.settings
+        self.run_here = run_here
 
     def token(self, request: Request) -> str | None:
         header = request.headers.get("authorization", "")
@@ -80,6 +89,9 @@ class Pages:
         scope = scope_of(self.settings, self.token(request))
         if scope is None:
             return RedirectResponse(f"/ui/login?next={request.url.path}", status_code=303)
+        if admin and not _same_origin(request):
+            refusal = "this action was posted from another site; use the FlowX UI's own form"
+            return self.page(request, "error.html", 403, message=refusal)
         if admin and scope != "admin":
             return self.page(
                 request, "error.html", 403, message="this action needs the admin token"
@@ -97,9 +109,9 @@ class Pages:
             return self.page(request, "error.html", status, message=exc.message, code=exc.code)
 
 
-def build(host: FlowHost) -> APIRouter:
+def build(host: FlowHost, *, run_here: bool = False) -> APIRouter:
     ui = APIRouter(prefix="/ui", include_in_schema=False)
-    pages = Pages(host)
+    pages = Pages(host, run_here=run_here)
     _sign_in(ui, pages)
     _instances(ui, pages)
     _actions(ui, pages)
@@ -229,13 +241,22 @@ def _actions(ui: APIRouter, pages: Pages) -> None:
         async def render() -> Response:
             if action not in ("cancel", "terminate", "signal", "replay"):
                 raise RequestInvalid(f"no action {action!r}", code="request.invalid")
+            if not journal_id(instance_id):
+                raise InstanceNotFound(instance_id)
+            if action == "signal":
+                checked_name(name, "signal name")
+                checked_name(key or None, "key")
             form = {"reason": reason, "name": name, "payload": payload, "key": key,
                     "from_step": from_step, "deadline": deadline}  # fmt: skip
             plan = None
             if action == "replay":
                 step: str | int = int(from_step) if from_step.isdigit() else from_step
                 when = parse_duration(deadline, what="deadline") if deadline else None
-                planned = await host.replay(instance_id, step, dry_run=not confirmed, deadline=when)
+                checked_name(from_step, "from_step")
+                planned = await host.replay(
+                    instance_id, step, dry_run=not confirmed, deadline=when,
+                    run_here=pages.run_here,
+                )  # fmt: skip
                 plan = replay_dict(planned)
             if not confirmed:
                 return page(
@@ -247,7 +268,10 @@ def _actions(ui: APIRouter, pages: Pages) -> None:
             elif action == "terminate":
                 await host.terminate(instance_id, reason, by="ui")
             elif action == "signal":
-                await host.signal(instance_id, name, payload or "null", key=key or None)
+                await host.signal(
+                    instance_id, name, payload or "null", key=key or None,
+                    run_here=pages.run_here,
+                )  # fmt: skip
             return RedirectResponse(f"/ui/instances/{instance_id}", status_code=303)
 
         return await guarded(request, True, _valued(render))
@@ -272,7 +296,9 @@ def _outbox(ui: APIRouter, pages: Pages) -> None:
     @ui.post("/outbox/{event_id}/retry")
     async def retry(request: Request, event_id: str) -> Response:
         async def render() -> Response:
-            if not await journal_of(host).outbox.retry_dead_letter(event_id):
+            if not journal_id(event_id) or not await journal_of(host).outbox.retry_dead_letter(
+                event_id
+            ):
                 raise DeadLetterNotFound(event_id)
             return RedirectResponse("/ui/outbox", status_code=303)
 
@@ -293,6 +319,20 @@ def _outbox(ui: APIRouter, pages: Pages) -> None:
             return page(request, "versions.html", rows=rows, idle=idle)
 
         return await guarded(request, False, render)
+
+
+def _same_origin(request: Request) -> bool:
+    """Whether a form post comes from this server's own pages: a browser names the page's
+    origin on every POST (``Origin``, and ``Sec-Fetch-Site``), so a form on another site,
+    or on another port of the same machine, is refused even though the cookie went with
+    it (and when no token is asked at all)."""
+    site = request.headers.get("sec-fetch-site")
+    if site is not None and site not in ("same-origin", "none"):
+        return False
+    origin = request.headers.get("origin")
+    if origin is None or origin == "null":
+        return origin is None  # no header: not a browser's cross-site form
+    return urlsplit(origin).netloc == request.headers.get("host")
 
 
 def _valued(render: Any) -> Any:

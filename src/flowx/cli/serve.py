@@ -119,7 +119,8 @@ def serve(
     """Serve the HTTP API (OpenAPI at /openapi.json) until SIGTERM or Ctrl-C.
 
     Without --work, a start leaves the instance Pending for the workers and the process runs
-    no flow code; tokens come from FLOWX_API_TOKEN (admin) and FLOWX_API_READ_TOKEN."""
+    no flow step (a cancel's compensations excepted); tokens come from FLOWX_API_TOKEN
+    (admin) and FLOWX_API_READ_TOKEN."""
     configure_logging("text", log_level)
     try:
         import uvicorn
@@ -161,7 +162,10 @@ def serve(
         if server.started:
             click.echo(f"flowx API on {url} (OpenAPI: {url}/openapi.json)")
             if ready_file is not None:
-                ready_file.write_text(url)  # noqa: ASYNC240 - one tiny write at start-up
+                # Whole or absent: a reader never sees a half-written URL.
+                partial = ready_file.with_name(ready_file.name + ".partial")
+                partial.write_text(url)
+                partial.replace(ready_file)
         await task
 
     try:

@@ -430,6 +430,7 @@ class FlowHost:
         *,
         dry_run: bool = False,
         deadline: datetime | timedelta | None = None,
+        run_here: bool = True,
     ) -> ReplayPlan:
         """Re-run a stopped instance after its fault is fixed (SPEC §8): ``flowx replay``.
 
@@ -442,7 +443,8 @@ class FlowHost:
         remaining compensations, starting with the one that ran out (``from_step`` must name
         it); a ``Quarantined`` one resumes where it stopped. Retry budgets start afresh and
         every try is journaled as a new attempt; no row is changed or removed. ``dry_run``
-        only says what would run. Raises ``FlowXError`` with code ``instance.illegal_state``
+        only says what would run; ``run_here=False`` leaves the re-armed instance for a
+        worker. Raises ``FlowXError`` with code ``instance.illegal_state``
         when the instance cannot be replayed from there (the message says from where).
         """
         record = await self.get(instance_id)
@@ -458,7 +460,7 @@ class FlowHost:
             target.mode,
             ", ".join(target.reruns),
         )
-        if self._ctx.accepting and self.carries(record.flow_id, record.flow_version):
+        if run_here and self._ctx.accepting and self.carries(record.flow_id, record.flow_version):
             await self.resume(instance_id, queued=True)
         return target
 

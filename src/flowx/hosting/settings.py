@@ -183,7 +183,9 @@ class HostSettings(BaseSettings):
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
-        tokens = [t.get_secret_value() for t in (self.api_token, self.api_read_token) if t]
+        tokens = [
+            t.get_secret_value() for t in (self.api_token, self.api_read_token) if t is not None
+        ]
         if any(len(t) < 16 for t in tokens):
             # The value itself is never echoed: it is a secret even when it is too short.
             raise ValueError(
