@@ -353,3 +353,24 @@ async def test_durable_work_answers_503_with_retry_after_while_the_journal_is_do
 def test_an_empty_token_is_refused_at_start_up_not_taken_as_admin() -> None:
     with pytest.raises(flowx.SettingsError, match="at least 16 characters"):
         flowx.HostSettings.load(api_token="")
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+async def test_the_ui_cookie_is_http_only_strict_and_secure_over_https(
+    api: Api, scheme: str
+) -> None:
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=create_app(api.host, run_here=True)),
+        base_url=f"{scheme}://flowx.test",
+    ) as browser:
+        signed = await browser.post("/ui/login", data={"token": ADMIN, "next": "/ui/"})
+        assert signed.status_code == 303
+        cookie = signed.headers["set-cookie"].lower()
+        assert "httponly" in cookie and "samesite=strict" in cookie
+        assert ("secure" in cookie.split("; ")) is (scheme == "https")
+        assert (await browser.get("/ui/")).status_code == 200
+        forged = await browser.post("/ui/logout", headers={"Origin": "http://evil.example"})
+        assert forged.status_code == 403
+        out = await browser.post("/ui/logout", headers={"Origin": f"{scheme}://flowx.test"})
+        assert out.status_code == 303 and out.headers["location"] == "/ui/login"
+        assert (await browser.get("/ui/")).status_code == 303  # back to the sign-in

@@ -167,3 +167,17 @@ def test_an_action_posted_from_another_site_is_refused(
     )
     assert response.status == 403
     assert live.call(lambda: live.host.get(ids["ship-c"])).state.value == "Suspended"
+
+
+def test_signing_out_forgets_the_token(
+    server: tuple[LiveServer, dict[str, str]], browser: object
+) -> None:
+    live, ids = server
+    page = _signed_in(browser, live.url, ADMIN)
+    assert [c["name"] for c in page.context.cookies()] == ["flowx_token"]
+    assert page.context.cookies()[0]["httpOnly"] is True
+    page.click("header form[action='/ui/logout'] button")
+    playwright.expect(page).to_have_url(re.compile(r"/ui/login$"))
+    assert page.context.cookies() == []
+    page.goto(f"{live.url}/ui/instances/{ids['ship-c']}")
+    playwright.expect(page).to_have_url(re.compile(r"/ui/login"))

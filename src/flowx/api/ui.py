@@ -134,7 +134,20 @@ def _sign_in(ui: APIRouter, pages: Pages) -> None:
             return page(request, "login.html", 401, next=next, failed=True)
         target = next if next.startswith("/ui") else "/ui/"
         response = RedirectResponse(target, status_code=303)
-        response.set_cookie(COOKIE, token, httponly=True, samesite="strict")
+        # Secure whenever the page itself came over HTTPS (behind a TLS proxy that forwards
+        # the scheme too), so the token is never sent back over plain HTTP.
+        secure = request.url.scheme == "https"
+        response.set_cookie(COOKIE, token, httponly=True, samesite="strict", secure=secure)
+        return response
+
+    @ui.post("/logout")
+    async def sign_out(request: Request) -> Response:
+        """Forget the token this browser holds; posted from our own pages only."""
+        if not _same_origin(request):
+            refusal = "this sign-out was posted from another site; use the FlowX UI's own form"
+            return page(request, "error.html", 403, message=refusal)
+        response = RedirectResponse("/ui/login", status_code=303)
+        response.delete_cookie(COOKIE, httponly=True, samesite="strict")
         return response
 
 
