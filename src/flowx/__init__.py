@@ -68,6 +68,7 @@ from flowx.outbox import (
     RelayPolicy,
 )
 from flowx.plan import Durable, Ephemeral, Plan, Profile, Retry, event, flow
+from flowx.sealing import Keyring, KeysError, Sensitive, generate_key
 from flowx.stores.errors import (
     InstanceFinished,
     JournalUnavailable,
@@ -110,6 +111,8 @@ __all__ = [
     "JournalNotFound",
     "JournalUnavailable",
     "JsonlArchiver",
+    "Keyring",
+    "KeysError",
     "LeaseUnavailable",
     "LoggingAlertSink",
     "NatsJetStreamPublisher",
@@ -133,6 +136,7 @@ __all__ = [
     "RequestInvalid",
     "Retry",
     "SchemaTooNew",
+    "Sensitive",
     "SerialisationError",
     "SettingsError",
     "SignalPayloadInvalid",
@@ -148,6 +152,7 @@ __all__ = [
     "event",
     "flow",
     "from_url",
+    "generate_key",
     "memory",
     "metrics",
     "postgres",

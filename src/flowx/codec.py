@@ -33,6 +33,8 @@ when something is wrong.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import functools
 import json
@@ -43,15 +45,20 @@ from collections.abc import Iterable, Iterator, Mapping
 from datetime import date, datetime, time, timedelta
 from decimal import Decimal
 from enum import Enum
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 from uuid import UUID
 
-from pydantic import BaseModel
+from pydantic import BaseModel, SecretBytes, SecretStr, TypeAdapter
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
+from flowx import sealing as _sealing
 from flowx.errors import SerialisationError
+from flowx.sealing import Sealing
 
 CODEC_VERSION = 1
+
+M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
 
 _encoder = json.JSONEncoder(
     sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=False
@@ -88,21 +95,30 @@ def to_json_value(value: Any) -> Any:
 
 
 def dumps(
-    value: Any, *, root: str = "value", code: str | None = None, context: str | None = None
+    value: Any,
+    *,
+    root: str = "value",
+    code: str | None = None,
+    context: str | None = None,
+    at: str | None = None,
 ) -> str:
     """Encode ``value`` canonically, or raise ``SerialisationError`` naming the field under
     ``root`` (``result``, ``input``, ``payload``, ``state`` ...) that cannot be stored as is
     and what to do (R9.5). ``context`` says whose value it is (``step 'x': the result of
-    cap@1``) and ``code`` is the refusal's error code there (``step.result_unstorable``)."""
+    cap@1``) and ``code`` is the refusal's error code there (``step.result_unstorable``).
+
+    Sensitive members (``flowx.sealing``) are sealed under the instance's keys, bound to
+    ``root`` (and ``at``, a step) and their path: ``loads`` with the same ``root`` and ``at``
+    opens them."""
     if context is None:
-        return _encode(value, root)
+        return _encode(value, root, at)
     try:
-        return _encode(value, root)
+        return _encode(value, root, at)
     except SerialisationError as exc:
         raise refused(exc, context, code or exc.code) from exc
 
 
-def _encode(value: Any, root: str) -> str:
+def _encode(value: Any, root: str, at: str | None = None) -> str:
     kind = _scan(value)
     if kind == _PLAIN:
         plain = value
@@ -118,6 +134,9 @@ def _encode(value: Any, root: str) -> str:
                 f"{root} ({type(value).__name__}) has no JSON form ({exc}); {_WHAT_TO_DO}",
                 path=root,
             ) from exc
+        plain = _Sealer(_SEALING.get(), root if at is None else f"{root}:{at}").plain(
+            value, plain, root
+        )
     try:
         text = _encoder.encode(plain)
     except (ValueError, RecursionError) as exc:  # NaN / Infinity, a cycle, too deep
@@ -134,9 +153,232 @@ def _encode(value: Any, root: str) -> str:
     return text
 
 
-def loads(text: str) -> Any:
-    """Decode a stored payload. Stored payloads are trusted: they were written by ``dumps``."""
-    return json.loads(text)
+def loads(
+    text: str, *, root: str | None = None, at: str | None = None, instance: str | None = None
+) -> Any:
+    """Decode a stored payload. Stored payloads are trusted: they were written by ``dumps``.
+
+    With ``root`` (and ``at``) as it was written, and inside ``sealing(...)``, sealed members
+    are opened for the flow's own code; otherwise they stay sealed envelopes (``masked``
+    shows them as ``**********``). ``instance`` reads another instance's value (a child's
+    result)."""
+    value = json.loads(text)
+    if root is None or _sealing.MARK not in text:
+        return value
+    active = _SEALING.get()
+    if active is None:
+        raise SerialisationError(
+            f"{root} holds sealed members and this node has no encryption keys; configure "
+            "encryption_keys (FLOWX_ENCRYPTION_KEYS) with the keys they were written under",
+            code="keys.missing",
+            path=root,
+        )
+    where = root if at is None else f"{root}:{at}"
+    return _open(value, active, where, root, instance)
+
+
+def validate_model(
+    model: type[M], text: str, *, root: str, at: str | None = None, instance: str | None = None
+) -> M:
+    """``text`` read back as ``model``, its sealed members opened (``loads``)."""
+    if _sealing.MARK not in text:
+        return model.model_validate_json(text)
+    return model.model_validate(loads(text, root=root, at=at, instance=instance))
+
+
+def validate_as(adapter: TypeAdapter[T], text: str, *, root: str, at: str | None = None) -> T:
+    """``text`` read back through ``adapter``, its sealed members opened (``loads``)."""
+    if _sealing.MARK not in text:
+        return adapter.validate_json(text)
+    return adapter.validate_python(loads(text, root=root, at=at))
+
+
+# -- sealed members (flowx.sealing) ---------------------------------------------------------
+
+_SEALING: contextvars.ContextVar[Sealing | None] = contextvars.ContextVar(
+    "flowx_sealing", default=None
+)
+
+
+@contextlib.contextmanager
+def sealing(active: Sealing | None) -> Iterator[Sealing | None]:
+    """Seal and open sensitive members as ``active`` (one instance's keys) says, in this
+    context and the tasks it starts; ``None`` leaves values as they are."""
+    token = _SEALING.set(active)
+    try:
+        yield active
+    finally:
+        _SEALING.reset(token)
+
+
+def current_sealing() -> Sealing | None:
+    return _SEALING.get()
+
+
+def scrub(text: str) -> str:
+    """``text`` with every secret this instance has sealed or opened masked: an error
+    message that quotes a card number is stored and logged without it (R9.8)."""
+    active = _SEALING.get()
+    return text if active is None or not active.seen else active.scrub(text)
+
+
+def masked(value: Any) -> Any:
+    """``value`` with every sealed envelope shown as ``**********``: what displays show."""
+    if isinstance(value, dict):
+        if _sealing.MARK in value:
+            return _sealing.MASK
+        return {k: masked(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [masked(v) for v in value]
+    return value
+
+
+def _open(value: Any, active: Sealing, where: str, path: str, instance: str | None) -> Any:
+    if isinstance(value, dict):
+        if _sealing.MARK in value:
+            raw = active.keyring.open(value, active.aad(where, path, instance))
+            kind = value.get("t")
+            if kind == _sealing.SEAL_BYTES:
+                return raw
+            opened = raw.decode("utf-8")
+            if kind == _sealing.SEAL_STR:
+                active.remember(opened)
+                return opened
+            member = json.loads(opened)
+            if isinstance(member, str):
+                active.remember(member)
+            return member
+        return {k: _open(v, active, where, f"{path}.{k}", instance) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_open(v, active, where, f"{path}[{i}]", instance) for i, v in enumerate(value)]
+    return value
+
+
+class _Sealer:
+    """Puts each sensitive member of ``value`` into its plain JSON form ``plain``, sealed,
+    and each ``exclude=True`` member, which pydantic leaves out (the flow's code needs it
+    when the instance resumes). Walks only models and the containers around them."""
+
+    __slots__ = ("active", "where")
+    #: The journal keeps ``exclude=True`` members; an event leaves them out as pydantic does.
+    keeps_excluded = True
+
+    def __init__(self, active: Sealing | None, where: str) -> None:
+        self.active = active
+        self.where = where
+
+    def plain(self, value: Any, plain: Any, path: str) -> Any:
+        if isinstance(value, SecretStr | SecretBytes):
+            secret = value.get_secret_value()
+            if isinstance(secret, str):
+                return self.seal(secret.encode(), _sealing.SEAL_STR, path, secret)
+            return self.seal(secret, _sealing.SEAL_BYTES, path, None)
+        if isinstance(value, BaseModel):
+            return self.model(value, plain, path)
+        if isinstance(value, list | tuple) and isinstance(plain, list):
+            if not any(isinstance(v, _WALKED) for v in value):
+                return plain
+            pairs = enumerate(zip(value, plain, strict=True))
+            return [self.plain(v, p, f"{path}[{i}]") for i, (v, p) in pairs]
+        if isinstance(value, dict) and isinstance(plain, dict):
+            if not any(isinstance(v, _WALKED) for v in value.values()):
+                return plain
+            return {
+                k: self.plain(value[k], p, f"{path}.{k}") if k in value else p
+                for k, p in plain.items()
+            }
+        return plain
+
+    def model(self, value: BaseModel, plain: Any, path: str) -> Any:
+        special = _sealing.members(type(value))
+        nested = _nested(type(value))
+        if not (special or nested) or not isinstance(plain, dict):
+            return plain
+        out = dict(plain)
+        for m in special:
+            if m.excluded and not self.keeps_excluded:
+                continue
+            v = getattr(value, m.name)
+            if m.excluded and m.seal is None:
+                out[m.key] = self.plain(v, to_jsonable_python(v), f"{path}.{m.key}")
+            elif m.seal is not None and v is not None:
+                out[m.key] = self.member(m, v, f"{path}.{m.key}")
+        for name, key in nested:
+            if key in out:
+                out[key] = self.plain(getattr(value, name), out[key], f"{path}.{key}")
+        return out
+
+    def member(self, m: _sealing.Member, v: Any, path: str) -> dict[str, str]:
+        if m.seal == _sealing.SEAL_JSON:
+            data = to_jsonable_python(v)
+            secret = data if isinstance(data, str) else None
+            return self.seal(_encoder.encode(data).encode(), m.seal, path, secret)
+        return self.plain(v, None, path)  # type: ignore[no-any-return]
+
+    def seal(self, data: bytes, kind: str, path: str, secret: str | None) -> dict[str, str]:
+        active = self.active
+        if active is None:
+            raise SerialisationError(
+                f"{path} is sensitive and this node has no encryption keys to seal it; "
+                "configure encryption_keys (FLOWX_ENCRYPTION_KEYS; `flowx keys generate`)",
+                code="keys.missing",
+                path=path,
+            )
+        if secret is not None:
+            active.remember(secret)
+        return active.keyring.seal(data, kind, active.aad(self.where, path))
+
+
+class _Redactor(_Sealer):
+    """The sealer's walk, with each sensitive member replaced by a mark instead."""
+
+    __slots__ = ("mark",)
+    keeps_excluded = False
+
+    def __init__(self, mark: str) -> None:
+        super().__init__(None, "")
+        self.mark = mark
+
+    def member(self, m: _sealing.Member, v: Any, path: str) -> Any:
+        return self.mark
+
+    def seal(self, data: bytes, kind: str, path: str, secret: str | None) -> Any:
+        return self.mark
+
+
+def redacted(value: Any, plain: Any, mark: str) -> Any:
+    """``plain`` (``value``'s JSON form) with each sensitive member of ``value``, at every
+    depth, replaced by ``mark``: what leaves the journal for a broker (R5.1)."""
+    return _Redactor(mark).plain(value, plain, "event")
+
+
+_WALKED: Final = (BaseModel, SecretStr, SecretBytes, list, tuple, dict)
+
+
+@functools.cache
+def _nested(cls: type[BaseModel]) -> tuple[tuple[str, str], ...]:
+    """The fields of ``cls`` (by name and stored key) whose declared type can hold a model
+    with special members: the only ones the sealer descends into."""
+    found = []
+    for name, info in cls.model_fields.items():
+        if _holds_special(info.annotation):
+            found.append((name, info.serialization_alias or info.alias or name))
+    return tuple(found)
+
+
+def _holds_special(tp: Any, seen: frozenset[Any] = frozenset()) -> bool:
+    if tp in seen:
+        return False
+    if tp is SecretStr or tp is SecretBytes:
+        return True
+    origin = typing.get_origin(tp)
+    if origin is not None:
+        return any(_holds_special(a, seen | {tp}) for a in typing.get_args(tp))
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        return bool(_sealing.members(tp)) or any(
+            _holds_special(info.annotation, seen | {tp}) for info in tp.model_fields.values()
+        )
+    return False
 
 
 def text(value: str, *, root: str, code: str | None = None, context: str | None = None) -> str:

@@ -14,6 +14,7 @@ from flowx.cli.app import cli
 from flowx.cli.db import migrate
 from flowx.cli.doctor import doctor
 from flowx.cli.instances import count, list_, show, start
+from flowx.cli.keys import keys
 from flowx.cli.outbox import outbox
 from flowx.cli.results import result
 from flowx.cli.retention import retention
@@ -41,6 +42,7 @@ for _command in (
     doctor,
     outbox,
     serve,
+    keys,
 ):
     cli.add_command(_command)
 

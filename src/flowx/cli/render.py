@@ -27,6 +27,7 @@ from flowx.hosting.documents import (
     payload,
     receipt_dict,
     replay_dict,
+    shown,
     signal_dict,
     step_dict,
     stop_dict,
@@ -180,7 +181,7 @@ def _facts(doc: dict[str, Any], record: InstanceRecord) -> list[tuple[str, objec
         facts.append(("stop", f"{stop['mode']} by {stop['by']} at {stop['at']}: {stop['reason']}"))
     if record.error:
         facts.append(("error", record.error))
-    facts.append(("state bag", record.state_bag))
+    facts.append(("state bag", shown(record.state_bag)))
     return facts
 
 
@@ -219,7 +220,7 @@ def show_text(doc: dict[str, Any], record: InstanceRecord, steps: list[StepRecor
             s["duration_ms"],
             stamp(s["committed_at"], "milliseconds"),
             s["node_id"] or "-",
-            clip(raw.result),
+            clip(shown(raw.result)),
         )
         for s, raw in zip(doc["steps"], steps, strict=True)
     ]

@@ -14,7 +14,7 @@ from flowx.cli.connect import open_stores
 from flowx.cli.exits import EXIT_ERROR, run
 from flowx.cli.render import emit_json
 from flowx.errors import IllegalState, InstanceNotFound
-from flowx.hosting.documents import result_dict
+from flowx.hosting.documents import result_dict, shown
 from flowx.stores.records import InstanceRecord, InstanceState
 
 #: The longest pause between two looks at an instance that has not ended.
@@ -54,7 +54,7 @@ def print_result(record: InstanceRecord, output: str) -> None:
     if output == "json":
         emit_json(doc)
     elif record.state is InstanceState.COMPLETED:
-        click.echo(record.state_bag)
+        click.echo(shown(record.state_bag))
     else:
         click.echo(f"instance {record.instance_id} ended {record.state.value}: {record.error}")
     if record.state is not InstanceState.COMPLETED:

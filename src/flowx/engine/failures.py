@@ -29,8 +29,9 @@ def error_payload(exc: BaseException, *, retryable: bool | None = None) -> dict[
         )
     payload: dict[str, Any] = {
         "type": type(exc).__qualname__,
-        # R9.5: a failure row must be storable even when its message quotes a value that is not.
-        "message": codec.printable(str(exc)[:4000]),
+        # R9.5: a failure row must be storable even when its message quotes a value that is
+        # not; R9.8: a message that quotes one of the instance's secrets is stored masked.
+        "message": codec.printable(codec.scrub(str(exc))[:4000]),
         "code": getattr(exc, "code", None),
         "retryable": retryable,
     }

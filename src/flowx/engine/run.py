@@ -142,7 +142,7 @@ class Run:
             try:
                 await self._ports.committer(
                     step=step,
-                    state_bag=(bag or codec.dumps(new_state)) if wants_bag else None,
+                    state_bag=(bag or codec.dumps(new_state, root="state")) if wants_bag else None,
                     events=events,
                     state=state,
                     error=codec.dumps(error) if error is not None else None,
@@ -168,7 +168,7 @@ class Run:
             try:
                 await self._ports.committer(
                     state=state,
-                    state_bag=codec.dumps(self.state),
+                    state_bag=codec.dumps(self.state, root="state"),
                     error=codec.dumps(error) if error is not None else None,
                     events=events,
                     notify_parent=self.spec.is_child and state.terminal,
@@ -196,7 +196,7 @@ class Run:
             try:
                 sealed = await self.waits.suspend(
                     wake,
-                    state_bag=codec.dumps(self.state),
+                    state_bag=codec.dumps(self.state, root="state"),
                     consumed=tuple(sorted(self.history.consumed.get(signal or "", ()))),
                     child=child,
                 )
@@ -264,7 +264,9 @@ class Run:
             return self.state
         model = self.plan.state_model
         if model.model_config.get("frozen"):
-            data = self.state.model_dump(mode="json")
+            # Through the codec, not model_dump: that would mask secrets and drop excluded
+            # fields (``flowx.sealing``).
+            data = codec.loads(codec.dumps(self.state, root="state"), root="state")
             data[into] = value
             return model.model_validate(data)
         fresh = self.state.model_copy()
@@ -275,7 +277,7 @@ class Run:
         self, node: StepNode | SubFlowNode, scope: str, row: StepRecord, argument: Any
     ) -> Any:
         """A committed result, applied as a live one is and kept for compensation."""
-        value = codec.loads(row.result)
+        value = codec.loads(row.result, root="result", at=f"{row.scope}/{row.step_id}")
         self.state = self.applied(node.into, value)
         self.keep(node, scope, argument, value, row)
         self.replayed += 1

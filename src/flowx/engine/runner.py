@@ -214,7 +214,7 @@ class Execution:
             await before.transition(InstanceState.COMPENSATION_FAILED, error=error)
         return RunResult(
             outcome="compensation_failed",
-            state_bag=codec.dumps(before.state),
+            state_bag=codec.dumps(before.state, root="state"),
             error=error,
             executed=run.executed,
             replayed=before.replayed,
@@ -308,7 +308,7 @@ class Execution:
         run = self._run
         return RunResult(
             outcome=outcome,
-            state_bag=codec.dumps(run.state),
+            state_bag=codec.dumps(run.state, root="state"),
             executed=run.executed,
             replayed=run.replayed,
             **extra,

@@ -14,6 +14,7 @@ from datetime import datetime
 
 from pydantic import BaseModel
 
+from flowx import codec
 from flowx.plan.model import Plan
 from flowx.stores.records import InstanceRecord, InstanceState, StepRecord, Wake
 
@@ -73,7 +74,7 @@ class RunSpec:
         return cls(
             plan=plan,
             instance_id=record.instance_id,
-            input_value=plan.input_model.model_validate_json(record.input),
+            input_value=codec.validate_model(plan.input_model, record.input, root="input"),
             history=history,
             resume_count=record.resume_count,
             max_resumes=max_resumes,
@@ -95,7 +96,7 @@ class RunSpec:
         return cls(
             plan=plan,
             instance_id=record.instance_id,
-            input_value=plan.input_model.model_validate_json(record.input),
+            input_value=codec.validate_model(plan.input_model, record.input, root="input"),
             history=history,
             tenant_id=record.tenant_id,
             replay_sequence=record.replay_sequence,

@@ -7,8 +7,9 @@ runner, the signal path and recovery all ask one catalog whether this node can r
 
 from __future__ import annotations
 
-from flowx.errors import FlowNotFound, FlowXError
-from flowx.plan.model import Plan, SubFlowNode, walk
+from flowx.errors import FlowNotFound, FlowXError, PlanError
+from flowx.plan.model import AwaitSignalNode, Plan, SubFlowNode, walk
+from flowx.sealing import declares_sensitive
 
 
 class PlanCatalog:
@@ -57,6 +58,34 @@ class PlanCatalog:
     def refs(self) -> list[str]:
         """Every carried ``flow@version``, for errors and for the timer service's filter."""
         return [p.ref for p in self._plans.values()]
+
+
+def sensitive_members(plan: Plan) -> list[str]:
+    """Where ``plan`` holds sensitive members: its input, its state, a signal's payload."""
+    found = [
+        f"{what} ({model.__name__})"
+        for what, model in (("input", plan.input_model), ("state", plan.state_model))
+        if declares_sensitive(model)
+    ]
+    for node in walk(plan.body):
+        if isinstance(node, AwaitSignalNode) and declares_sensitive(node.payload_type):
+            found.append(f"the payload of signal {node.signal!r}")
+    return found
+
+
+def refuse_unsealable(plans: list[Plan]) -> None:
+    """FLOWX1028: a flow whose members are sensitive is not run where they cannot be sealed
+    (R9.8): pydantic would store them masked (lost) and plain text would leak them."""
+    for plan in plans:
+        where = sensitive_members(plan)
+        if where:
+            raise PlanError(
+                "FLOWX1028",
+                f"flow {plan.ref} has sensitive members ({', '.join(where)}) and this host "
+                "has no encryption keys to seal them at rest; set encryption_keys "
+                "(FLOWX_ENCRYPTION_KEYS; make one with `flowx keys generate`)",
+                flow_id=plan.flow_id,
+            )
 
 
 def version_key(version: str) -> tuple[int, ...]:

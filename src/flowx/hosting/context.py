@@ -24,6 +24,7 @@ from flowx.hosting.settings import HostSettings
 from flowx.hosting.stop_board import StopBoard
 from flowx.hosting.threads import CapabilityThreads
 from flowx.outbox import OutboxPublisher
+from flowx.sealing import Sealing
 from flowx.stores.errors import JournalUnavailable
 from flowx.stores.protocols import CommitReleases, LeasedCreate, Stores
 from flowx.stores.records import InstanceRecord, Lease
@@ -56,6 +57,12 @@ class NodeContext:
     store_ready: bool = False
     #: Why the journal could not be reached at start-up, for the error Durable calls get.
     unreachable_because: str = field(default="")
+
+    def sealing(self, instance_id: str) -> Sealing | None:
+        """How this node seals and opens the sensitive members of ``instance_id`` (R9.8):
+        ``None`` without keys (a flow that has such members is refused at registration)."""
+        keyring = self.settings.keyring
+        return None if keyring is None else Sealing(keyring, instance_id)
 
     # What the stores can do, asked once: an isinstance check against a runtime protocol
     # costs tens of microseconds, and these are asked on every start and every commit.

@@ -37,6 +37,7 @@ def new_instance(
     value: BaseModel,
     input_text: str,
     *,
+    instance_id: str,
     idempotency_key: str | None,
     correlation_id: str | None,
     run_here: bool,
@@ -44,11 +45,11 @@ def new_instance(
 ) -> NewInstance:
     """The row of an instance started by a caller."""
     return NewInstance(
-        instance_id=instance_id_for(plan, idempotency_key),
+        instance_id=instance_id,
         flow_id=plan.flow_id,
         flow_version=plan.version,
         input=input_text,
-        state_bag=codec.dumps(plan.state_model()),
+        state_bag=codec.dumps(plan.state_model(), root="state"),
         state=InstanceState.RUNNING if run_here else InstanceState.PENDING,
         tenant_id=tenant_key(plan, partition_of(plan, value)),
         idempotency_key=idempotency_key,
@@ -84,7 +85,7 @@ def child_instance(
         flow_id=plan.flow_id,
         flow_version=plan.version,
         input=input_text,
-        state_bag=codec.dumps(plan.state_model()),
+        state_bag=codec.dumps(plan.state_model(), root="state"),
         state=InstanceState.RUNNING if running else InstanceState.PENDING,
         tenant_id=parent.tenant_id if tenant is None else str(tenant),
         correlation_id=parent.correlation_id,

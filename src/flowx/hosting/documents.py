@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from flowx import codec
+from flowx import codec, sealing
 from flowx.engine.replay_plan import ReplayPlan
 from flowx.engine.waiting import Waiting, waiting_for
 from flowx.hosting.stopping import StopOutcome
@@ -30,8 +30,16 @@ from flowx.stores.records import (
 
 
 def payload(text: str | None) -> Any:
-    """Decode a stored JSON payload for ``-o json``, so scripts get values, not strings."""
-    return codec.loads(text) if text else None
+    """Decode a stored JSON payload for ``-o json``, so scripts get values, not strings.
+    Sealed members are shown as ``**********``: no display holds the keys (R9.8)."""
+    if not text:
+        return None
+    return codec.masked(codec.loads(text)) if sealing.MARK in text else codec.loads(text)
+
+
+def shown(text: str) -> str:
+    """A stored payload as text for a person: sealed members as ``**********`` (R9.8)."""
+    return codec.dumps(codec.masked(codec.loads(text))) if sealing.MARK in text else text
 
 
 def instance_dict(r: InstanceRecord) -> dict[str, Any]:

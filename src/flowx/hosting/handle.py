@@ -19,6 +19,7 @@ from flowx import codec
 from flowx.engine.runner import RunResult
 from flowx.errors import FlowFailed
 from flowx.plan.model import Plan
+from flowx.sealing import Sealing
 from flowx.stores.records import InstanceRecord, InstanceState
 
 
@@ -38,6 +39,8 @@ class HandleHost(Protocol):
     def _runner(self) -> RunsHere: ...
 
     async def get(self, instance_id: str) -> InstanceRecord: ...
+
+    def sealing_for(self, instance_id: str) -> Sealing | None: ...
 
 
 S = TypeVar("S", bound=BaseModel)
@@ -78,7 +81,7 @@ class FlowHandle(Generic[S]):
         if ephemeral is None:
             ephemeral = runner.ephemeral_result(self.instance_id)
         if ephemeral is not None:
-            return _finish(self.plan, self.instance_id, ephemeral)
+            return _finish(self._host, self.plan, self.instance_id, ephemeral)
         running = runner.outcomes.get(self.instance_id)
         if running is not None:
             outcome: RunResult | None = None
@@ -86,12 +89,12 @@ class FlowHandle(Generic[S]):
                 outcome = await asyncio.shield(running)
             if outcome is not None and outcome.final_state is not None:
                 # This node ran it to the end: its result is what it committed.
-                return _finish(self.plan, self.instance_id, outcome)
+                return _finish(self._host, self.plan, self.instance_id, outcome)
         while True:
             record = await self._host.get(self.instance_id)
             if record.state.terminal:
                 if record.state is InstanceState.COMPLETED:
-                    return self.plan.state_model.model_validate_json(record.state_bag)
+                    return _final(self._host, self.plan, self.instance_id, record.state_bag)
                 raise FlowFailed(
                     self.instance_id,
                     record.state.value,
@@ -100,9 +103,15 @@ class FlowHandle(Generic[S]):
             await asyncio.sleep(poll)
 
 
-def _finish(plan: Plan, instance_id: str, result: RunResult) -> Any:
+def _final(host: HandleHost, plan: Plan, instance_id: str, state_bag: str) -> Any:
+    """The final state, its sensitive members opened for the caller (R9.8)."""
+    with codec.sealing(host.sealing_for(instance_id)):
+        return codec.validate_model(plan.state_model, state_bag, root="state")
+
+
+def _finish(host: HandleHost, plan: Plan, instance_id: str, result: RunResult) -> Any:
     """A run's result as ``FlowHandle.result`` gives it: the final state, or ``FlowFailed``."""
     if result.outcome == "completed":
-        return plan.state_model.model_validate_json(result.state_bag)
+        return _final(host, plan, instance_id, result.state_bag)
     state = result.final_state
     raise FlowFailed(instance_id, state.value if state else result.outcome, result.error)

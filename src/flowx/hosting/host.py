@@ -23,6 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from flowx import codec, sealing
 from flowx.capability import CapabilityRegistry, default_registry
 from flowx.clock import Clock, SystemClock
 from flowx.engine import admission
@@ -37,10 +38,15 @@ from flowx.errors import (
 from flowx.hosting import replaying, stopping
 from flowx.hosting.alerts import AlertSink, LoggingAlertSink
 from flowx.hosting.archive import Archiver
-from flowx.hosting.catalog import PlanCatalog
+from flowx.hosting.catalog import PlanCatalog, refuse_unsealable
 from flowx.hosting.clock_offset import JournalClock
 from flowx.hosting.context import NodeContext
-from flowx.hosting.creation import INSTANCE_NAMESPACE, new_instance, validated_input
+from flowx.hosting.creation import (
+    INSTANCE_NAMESPACE,
+    instance_id_for,
+    new_instance,
+    validated_input,
+)
 from flowx.hosting.handle import FlowHandle
 from flowx.hosting.instance_runner import InstanceRunner
 from flowx.hosting.lease import LeaseKeeper
@@ -93,6 +99,8 @@ class FlowHost:
         plans = PlanCatalog()
         for plan in flows:
             plans.register(plan)
+        if settings.keyring is None:
+            refuse_unsealable(plans.all())
         if publisher is not None and store is None:
             raise FlowXError(
                 "a publisher needs a store whose outbox it drains; pass store=... too",
@@ -310,9 +318,11 @@ class FlowHost:
         ctx.require_accepting()
         plan = self.plan(flow, version)
         value = validated_input(plan, input)
-        input_text = start_input(
-            plan, value, idempotency_key=idempotency_key, correlation_id=correlation_id
-        )
+        instance_id = instance_id_for(plan, idempotency_key)
+        with codec.sealing(ctx.sealing(instance_id)):  # R9.8: bound to this instance
+            input_text = start_input(
+                plan, value, idempotency_key=idempotency_key, correlation_id=correlation_id
+            )
         if not plan.durable:
             return await self._start_ephemeral(plan, value)
         stores = ctx.require_stores()
@@ -321,11 +331,12 @@ class FlowHost:
             if existing is not None:
                 return self._existing(plan, existing, input_text)
         attrs = {"flow": plan.flow_id, "version": plan.version, "tenant": None}
-        with span("flowx.start", attrs) as started:
+        with span("flowx.start", attrs) as started, codec.sealing(ctx.sealing(instance_id)):
             new = new_instance(
                 plan,
                 value,
                 input_text,
+                instance_id=instance_id,
                 idempotency_key=idempotency_key,
                 correlation_id=correlation_id,
                 run_here=run_here,
@@ -338,7 +349,7 @@ class FlowHost:
         return FlowHandle(self, plan, launched.instance_id, created=launched.created)
 
     def _existing(self, plan: Plan, record: InstanceRecord, input_text: str) -> FlowHandle[Any]:
-        if record.flow_id != plan.flow_id or record.input != input_text:
+        if record.flow_id != plan.flow_id or not self._same_input(record, input_text):
             raise IdempotencyConflict(
                 f"idempotency key {record.idempotency_key!r} already started instance "
                 f"{record.instance_id} of {record.flow_id} with a different input; use a new "
@@ -347,6 +358,21 @@ class FlowHost:
         return FlowHandle(
             self, self.plan(record.flow_id, record.flow_version), record.instance_id, created=False
         )
+
+    def sealing_for(self, instance_id: str) -> sealing.Sealing | None:
+        """How this node seals and opens ``instance_id``'s sensitive members (R9.8)."""
+        return self._ctx.sealing(instance_id)
+
+    def _same_input(self, record: InstanceRecord, input_text: str) -> bool:
+        """Whether a repeated start carries the input the first one stored. Sealed members
+        differ as text (each seal has its own nonce), so they are compared opened."""
+        if record.input == input_text:
+            return True
+        if sealing.MARK not in record.input:
+            return False
+        with codec.sealing(self._ctx.sealing(record.instance_id)):
+            opened = codec.loads(record.input, root="input")
+            return bool(opened == codec.loads(input_text, root="input"))
 
     async def _start_ephemeral(self, plan: Plan, value: BaseModel) -> FlowHandle[Any]:
         instance_id = str(uuid.uuid4())
@@ -402,7 +428,8 @@ class FlowHost:
         plan = self.plan(record.flow_id, record.flow_version)
         target = admission.target(plan, name)
         value = target.parse(payload)
-        text = signal_payload(plan, name, value, key=key)  # R9.5: refused before any write
+        with codec.sealing(self._ctx.sealing(instance_id)):  # R9.8: sealed for its instance
+            text = signal_payload(plan, name, value, key=key)  # R9.5: refused before writing
         steps = (
             await stores.journal.steps(instance_id) if admission.needs_steps(target, record) else ()
         )

@@ -14,12 +14,13 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from pydantic import BaseModel
 
+from flowx import codec
 from flowx.engine.runner import Execution, RunPorts, RunResult, RunSpec
 from flowx.errors import (
     CapabilityVersionMissing,
@@ -57,6 +58,8 @@ from flowx.stores.records import (
     StepRecord,
 )
 from flowx.tracing import annotate
+
+T = TypeVar("T")
 
 log = logging.getLogger("flowx.host")
 QUARANTINED = InstanceState.QUARANTINED
@@ -260,14 +263,16 @@ class InstanceRunner:
         child = history.instance
         ctx.stops.enter(child_id)
         try:
-            execution = self._execution(
-                RunSpec.undo_child(plan, child, history.steps), durable, child
-            )
-            result = await execution.run()
+            with codec.sealing(ctx.sealing(child_id)):
+                execution = self._execution(
+                    RunSpec.undo_child(plan, child, history.steps), durable, child
+                )
+                result = await execution.run()
         finally:
             ctx.stops.leave(child_id)
             await durable.release()
-        await after_run(ctx, plan, child, result, timers=self.timers, wake=None, counted=False)
+        with codec.sealing(ctx.sealing(child_id)):
+            await after_run(ctx, plan, child, result, timers=self.timers, wake=None, counted=False)
         undone(child_id, result)
         if result.final_state is None:
             raise FlowXError(
@@ -277,7 +282,8 @@ class InstanceRunner:
 
     async def run_ephemeral(self, plan: Plan, instance_id: str, value: BaseModel) -> RunResult:
         """Run an Ephemeral instance to its end, here and now, with no journal (R2.9)."""
-        result = await self._execution(RunSpec.ephemeral(plan, instance_id, value)).run()
+        with codec.sealing(self._ctx.sealing(instance_id)):
+            result = await self._execution(RunSpec.ephemeral(plan, instance_id, value)).run()
         kept = self._ephemeral
         kept[instance_id] = result
         while len(kept) > self._ctx.settings.ephemeral_results_kept:
@@ -380,7 +386,8 @@ class InstanceRunner:
         loop = asyncio.get_running_loop()
         outcome: asyncio.Future[RunResult | None] = loop.create_future()
         task = loop.create_task(
-            self._execute(plan, record, history, lease, inbox, outcome), name=f"flowx-{iid}"
+            self._sealed(iid, self._execute(plan, record, history, lease, inbox, outcome)),
+            name=f"flowx-{iid}",
         )
         self.tasks[iid] = task
         self.outcomes[iid] = outcome
@@ -404,6 +411,12 @@ class InstanceRunner:
                 self.timers.slot_freed()
 
         task.add_done_callback(done)
+
+    async def _sealed(self, iid: str, run: Awaitable[T]) -> T:
+        """``run`` with the instance's sensitive members sealed and opened under its own id
+        (R9.8); the run's task and the tasks it starts inherit it."""
+        with codec.sealing(self._ctx.sealing(iid)):
+            return await run
 
     async def _execute(
         self,

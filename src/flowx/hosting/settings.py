@@ -10,6 +10,7 @@ so they are refused early with the reason and where the value came from.
 
 from __future__ import annotations
 
+import functools
 from datetime import timedelta
 from typing import Any
 
@@ -23,6 +24,7 @@ from pydantic_settings import (
 
 from flowx.durations import parse_duration
 from flowx.errors import SettingsError
+from flowx.sealing import Keyring, KeysError
 from flowx.validation import problems
 
 _DURATIONS = (
@@ -135,6 +137,10 @@ class HostSettings(BaseSettings):
     api_token: SecretStr | None = None
     #: A bearer token that may only read (list, show, steps, result, outbox, health).
     api_read_token: SecretStr | None = None
+    #: AES-256 keys that seal sensitive members at rest (R9.8), ``"id:base64,..."``: the
+    #: first seals new writes, all open older ones (rotation); ``flowx keys generate``
+    #: makes one. ``FLOWX_ENCRYPTION_KEYS``. A flow with sensitive members needs them.
+    encryption_keys: SecretStr | None = None
 
     @field_validator(*_DURATIONS, mode="before")
     @classmethod
@@ -194,7 +200,19 @@ class HostSettings(BaseSettings):
             )
         if len(tokens) == 2 and tokens[0] == tokens[1]:
             raise ValueError("api_read_token must differ from api_token, or reading is admin")
+        if self.encryption_keys is not None:
+            self.keyring  # noqa: B018 - parsed now, so a bad key stops the node at start-up
         return self
+
+    @functools.cached_property
+    def keyring(self) -> Keyring | None:
+        """The parsed ``encryption_keys`` (a malformed key names itself, never its value)."""
+        if self.encryption_keys is None:
+            return None
+        try:
+            return Keyring.parse(self.encryption_keys.get_secret_value())
+        except KeysError as exc:
+            raise ValueError(exc.message) from None
 
     @property
     def renewal_interval(self) -> timedelta:

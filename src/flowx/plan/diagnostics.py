@@ -36,4 +36,6 @@ CODES: Final[dict[str, str]] = {
     "or longer than 7 days",
     "FLOWX1026": "a name (flow, step, signal, capability) that is empty, too long or not printable",
     "FLOWX1027": "a retry policy argument out of range (attempts, backoff, multiplier, delays)",
+    "FLOWX1028": "a flow with sensitive members (SecretStr, SecretBytes, flowx.Sensitive) "
+    "registered on a host with no encryption keys",
 }

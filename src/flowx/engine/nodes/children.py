@@ -126,7 +126,13 @@ async def _child_completed(
     assert node.plan is not None
     # Recorded even past the deadline: the child's effects happened, and only a row puts
     # them in this saga, to be undone if the parent now times out.
-    result = codec.loads(child.state_bag)
+    at = f"{scope}/{node.step_id}"
+    # The child's state, sealed again as this parent's step result (R9.8).
+    final = codec.validate_model(
+        node.plan.state_model, child.state_bag, root="state", instance=child.instance_id
+    )
+    text = codec.dumps(final, root="result", at=at)
+    result = codec.loads(text, root="result", at=at)
     try:
         run.applied(node.into, result)
     except ValidationError as exc:
@@ -140,7 +146,7 @@ async def _child_completed(
         )
     await run.write(
         (scope, node.step_id),
-        run.row(node, None, scope, attempt, Outcome.SUCCESS, child.state_bag),
+        run.row(node, None, scope, attempt, Outcome.SUCCESS, text),
         apply=(node.into, result),
         state=InstanceState.RUNNING,
     )

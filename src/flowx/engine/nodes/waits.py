@@ -27,7 +27,7 @@ async def await_signal(
     a = run.history.of(key)
     if a.success is not None:
         run.replayed += 1
-        taken = codec.loads(a.success.result)
+        taken = codec.loads(a.success.result, root="result", at=f"{scope}/{node.step_id}")
         if taken.get("timed_out"):
             return await run.walk(node.on_timeout, scope, item, has_item)
         run.state = run.applied(node.into, taken["payload"])
@@ -64,10 +64,14 @@ async def _take(
     run: Run, node: AwaitSignalNode, scope: str, attempt: int, arrived: SignalRecord
 ) -> Any:
     """Journal the signal as this wait's success row, its payload in the state."""
+    at = f"{scope}/{node.step_id}"
     try:
-        value = codec.loads(
-            codec.dumps(TypeAdapter(node.payload_type).validate_json(arrived.payload))
+        parsed = codec.validate_as(TypeAdapter(node.payload_type), arrived.payload, root="payload")
+        # Sealed again as this step's result (R9.8): the inbox row is another place.
+        text = codec.dumps(
+            {"seq": arrived.seq, "key": arrived.key, "payload": parsed}, root="result", at=at
         )
+        value = codec.loads(text, root="result", at=at)["payload"]
         run.applied(node.into, value)  # it must fit its state field too
     except ValidationError as exc:
         await run.fail_node(
@@ -78,10 +82,9 @@ async def _take(
             f"{node.payload_type!r}: {exc.errors()[0].get('msg')}",
             "signal.payload_invalid",
         )
-    taken = {"seq": arrived.seq, "key": arrived.key, "payload": value}
     await run.write(
         (scope, node.step_id),
-        run.row(node, None, scope, attempt, Outcome.SUCCESS, taken),
+        run.row(node, None, scope, attempt, Outcome.SUCCESS, text),
         apply=(node.into, value),
         state=InstanceState.RUNNING,
     )

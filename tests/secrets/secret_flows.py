@@ -1,0 +1,87 @@
+"""A payment flow that carries secrets through every path the journal has: its input, its
+state (a step's result and a signal's payload put there), an attempt's error message, and an
+emitted event (R9.8, R5.1)."""
+
+from __future__ import annotations
+
+import logging
+
+from pydantic import BaseModel, SecretStr
+
+import flowx
+
+#: The secret every path carries; the canary test greps everything stored for it.
+CANARY = "Canary-4929-0000-7731"
+#: What the capabilities saw, for the test to check that they got the secrets intact.
+SEEN: dict[str, str] = {}
+FAILED_ONCE: set[str] = set()
+
+log = logging.getLogger("flowx.tests.payments")
+
+
+class Billing(BaseModel):
+    name: str
+    iban: flowx.Sensitive[str]
+
+
+class Payment(BaseModel):
+    order_id: str
+    card: SecretStr
+    billing: Billing
+
+
+class Otp(BaseModel):
+    code: SecretStr
+
+
+class PayState(BaseModel):
+    token: SecretStr | None = None
+    otp: Otp | None = None
+    receipt: str | None = None
+
+
+@flowx.event("payment.charged", version="1", sensitive={"holder"})
+class Charged(BaseModel):
+    order_id: str
+    card: SecretStr
+    billing: Billing
+    detail: dict[str, str]
+    holder: str
+
+
+@flowx.capability("pay.tokenise", version="1")
+async def tokenise(ctx: flowx.StepContext, p: Payment) -> SecretStr:
+    SEEN["card"] = p.card.get_secret_value()
+    SEEN["iban"] = p.billing.iban
+    return SecretStr(f"tok-{p.card.get_secret_value()}")
+
+
+@flowx.capability("pay.charge", version="1")
+async def charge(ctx: flowx.StepContext, p: Payment) -> str:
+    card = p.card.get_secret_value()
+    if p.order_id not in FAILED_ONCE:
+        FAILED_ONCE.add(p.order_id)
+        # A careless message: the engine stores and logs it with the secret masked.
+        raise RuntimeError(f"card {card} declined by the issuer, try again")
+    return f"receipt-{p.order_id}"
+
+
+pay = (
+    flowx.flow("pay.card", version="1", input=Payment, state=PayState)
+    .step(tokenise, into="token")
+    .await_signal("otp", Otp, into="otp", timeout="1h")
+    .step(charge, into="receipt", retry=flowx.Retry(attempts=2, backoff="none"))
+    .emit(
+        Charged,
+        lambda p, s: Charged(
+            order_id=p.order_id,
+            card=p.card,
+            billing=p.billing,
+            detail={"holder": p.billing.name, "note": "ok"},
+            holder=p.billing.name,
+        ),
+    )
+    .build()
+)
+
+FLOWS = [pay]

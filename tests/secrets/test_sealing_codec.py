@@ -1,0 +1,171 @@
+"""Sensitive members through the codec (R9.8): sealed at rest with AES-GCM, opened for the
+flow's own code, bound to their instance and field, readable across a key rotation, and
+masked wherever they are only shown."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import BaseModel, Field, SecretBytes, SecretStr
+
+import flowx
+from flowx import codec
+from flowx.errors import SerialisationError
+from flowx.sealing import MARK, MASK, Keyring, KeysError, Sealing, generate_key
+
+CARD = "4111111111111111"
+
+
+class Billing(BaseModel):
+    name: str
+    iban: flowx.Sensitive[str]
+
+
+class Card(BaseModel):
+    pan: SecretStr
+    pin: SecretBytes | None = None
+
+
+class Payment(BaseModel):
+    order_id: str
+    card: Card
+    spares: list[Card] = []
+    billing: Billing
+    api_key: SecretStr = Field(alias="apiKey")
+    audit: int = Field(default=0, exclude=True)
+
+
+def _payment() -> Payment:
+    return Payment(
+        order_id="o-1",
+        card=Card(pan=CARD, pin=b"\x00\xff12"),
+        spares=[Card(pan="5500000000000004")],
+        billing=Billing(name="Ada", iban="DE89370400440532013000"),
+        apiKey="key-0123456789",
+        audit=7,
+    )
+
+
+def _keys(*ids: str) -> Keyring:
+    return Keyring.parse(",".join(f"{i}:{generate_key()}" for i in ids))
+
+
+def test_every_sensitive_member_is_sealed_and_opens_back_whole() -> None:
+    keys = _keys("k1")
+    with codec.sealing(Sealing(keys, "i-1")):
+        text = codec.dumps(_payment(), root="input")
+        back = Payment.model_validate(codec.loads(text, root="input"))
+    for secret in (CARD, "5500000000000004", "DE89370400440532013000", "key-0123456789"):
+        assert secret not in text
+    assert text.count(MARK) == 5  # pan, pin, the spare's pan, iban, api key
+    assert back.card.pan.get_secret_value() == CARD
+    assert back.card.pin is not None and back.card.pin.get_secret_value() == b"\x00\xff12"
+    assert back.spares[0].pan.get_secret_value() == "5500000000000004"
+    assert back.billing.iban == "DE89370400440532013000"
+    assert back.api_key.get_secret_value() == "key-0123456789"
+    assert back.audit == 7  # exclude=True is kept by the journal, not dropped
+    assert back.order_id == "o-1" and back.billing.name == "Ada"
+
+
+def test_a_value_without_sensitive_members_is_stored_exactly_as_before() -> None:
+    class Plain(BaseModel):
+        a: int
+        b: list[str]
+
+    with codec.sealing(Sealing(_keys("k1"), "i-1")):
+        assert codec.dumps(Plain(a=1, b=["x"]), root="input") == '{"a":1,"b":["x"]}'
+
+
+def test_a_sealed_member_does_not_open_in_another_instance_or_field() -> None:
+    keys = _keys("k1")
+    with codec.sealing(Sealing(keys, "i-1")):
+        text = codec.dumps(_payment(), root="input")
+        stored = json.loads(text)
+        with pytest.raises(KeysError, match="moved from another instance or field"):
+            codec.loads(text, root="state")  # another place of the same instance
+        stored["billing"]["iban"], stored["apiKey"] = stored["apiKey"], stored["billing"]["iban"]
+        with pytest.raises(KeysError, match="altered, or moved"):
+            codec.loads(json.dumps(stored), root="input")  # swapped between two fields
+    with (
+        codec.sealing(Sealing(keys, "i-2")),
+        pytest.raises(KeysError, match="altered, or moved"),
+    ):
+        codec.loads(text, root="input")  # copied to another instance
+
+
+def test_a_step_result_is_bound_to_its_step() -> None:
+    with codec.sealing(Sealing(_keys("k1"), "i-1")):
+        text = codec.dumps(Card(pan=CARD), root="result", at="/3")
+        assert codec.loads(text, root="result", at="/3")["pan"] == CARD
+        with pytest.raises(KeysError):
+            codec.loads(text, root="result", at="/4")
+
+
+def test_rotation_new_writes_take_the_first_key_and_old_rows_stay_readable() -> None:
+    old = _keys("k1")
+    with codec.sealing(Sealing(old, "i-1")):
+        written_before = codec.dumps(_payment(), root="input")
+    rotated = Keyring(keys={"k2": _keys("k2").keys["k2"], **old.keys}, current="k2")
+    with codec.sealing(Sealing(rotated, "i-1")):
+        written_after = codec.dumps(_payment(), root="input")
+        assert Payment.model_validate(codec.loads(written_before, root="input")).card.pan
+        assert Payment.model_validate(codec.loads(written_after, root="input")).card.pan
+    assert '"k":"k1"' in written_before and '"k":"k1"' not in written_after
+    assert '"k":"k2"' in written_after
+    retired = Keyring(keys={"k2": rotated.keys["k2"]}, current="k2")
+    with (
+        codec.sealing(Sealing(retired, "i-1")),
+        pytest.raises(KeysError, match="key 'k1', which is not configured"),
+    ):
+        codec.loads(written_before, root="input")
+
+
+def test_without_keys_a_sensitive_member_is_refused_never_stored_masked_or_clear() -> None:
+    with pytest.raises(SerialisationError, match=r"input\.apiKey is sensitive") as refused:
+        codec.dumps(_payment(), root="input")
+    assert refused.value.code == "keys.missing"
+    with codec.sealing(Sealing(_keys("k1"), "i-1")):
+        text = codec.dumps(_payment(), root="input")
+    with pytest.raises(SerialisationError, match="no encryption keys") as unread:
+        codec.loads(text, root="input")
+    assert unread.value.code == "keys.missing"
+
+
+def test_displays_show_sealed_members_masked() -> None:
+    with codec.sealing(Sealing(_keys("k1"), "i-1")):
+        text = codec.dumps(_payment(), root="input")
+    shown = codec.masked(codec.loads(text))
+    assert shown["card"] == {"pan": MASK, "pin": MASK}
+    assert shown["billing"] == {"name": "Ada", "iban": MASK}
+    assert shown["apiKey"] == MASK
+
+
+def test_an_error_message_quoting_a_secret_of_the_instance_is_scrubbed() -> None:
+    with codec.sealing(Sealing(_keys("k1"), "i-1")):
+        codec.dumps(_payment(), root="input")
+        assert codec.scrub(f"card {CARD} declined") == f"card {MASK} declined"
+    assert codec.scrub(f"card {CARD} declined") == f"card {CARD} declined"  # no instance
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("k1", "id:base64key"),
+        ("k1:bm90IDMyIGJ5dGVz", "not 32 bytes"),
+        (f"k1:{generate_key()},k1:{generate_key()}", "given twice"),
+        (" , ", "no encryption key"),
+    ],
+)
+def test_a_malformed_key_is_refused_naming_it_never_echoing_it(text: str, problem: str) -> None:
+    with pytest.raises(KeysError, match=problem) as refused:
+        Keyring.parse(text)
+    key = text.partition(":")[2].partition(",")[0]
+    assert not key or key not in str(refused.value)
+
+
+def test_settings_take_the_keys_and_refuse_a_bad_one_at_start_up() -> None:
+    settings = flowx.HostSettings.load(encryption_keys=f"new:{generate_key()},old:{generate_key()}")
+    assert settings.keyring is not None and settings.keyring.current == "new"
+    with pytest.raises(flowx.SettingsError, match="not 32 bytes"):
+        flowx.HostSettings.load(encryption_keys="k1:c2hvcnQ=")

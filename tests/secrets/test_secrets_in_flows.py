@@ -1,0 +1,209 @@
+"""Secrets through a real flow (R9.8, R5.1), on SQLite and PostgreSQL.
+
+A payment's card number goes in as the input, comes back from a step as a token, arrives in a
+signal, is quoted by a failing attempt's error, and is emitted in an event. The code that uses
+it gets it intact — on the node that started the flow and on another node that resumes it —
+and the canary test then greps everything the journal holds (the SQLite file, a ``pg_dump``),
+the logs at DEBUG and ``flowx show -o json``: the secret is nowhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sqlite3
+import subprocess
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from pydantic import SecretStr
+
+import flowx
+from flowx.cli.main import cli
+from flowx.sealing import MARK, generate_key
+from tests.postgres_support import PG_DSN
+from tests.secrets import secret_flows
+from tests.secrets.secret_flows import CANARY, FLOWS, Billing, Payment
+from tests.support.hosts import fold_settings
+
+KEYS = f"k1:{generate_key()}"
+SECRETS = (CANARY, f"tok-{CANARY}", f"otp-{CANARY}", "DE89370400440532013000")
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def journal(
+    request: pytest.FixtureRequest, tmp_path: Path, pg_schema: Callable[[], str]
+) -> tuple[str, Callable[[], Any], Callable[[], bytes]]:
+    """A store kind, a maker of store objects on one journal, and a dump of all it holds."""
+    if request.param == "sqlite":
+        path = tmp_path / "journal.db"
+
+        def sqlite_dump() -> bytes:
+            with sqlite3.connect(path) as conn:
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            files = [path, *path.parent.glob("journal.db-*")]
+            return b"".join(f.read_bytes() for f in files if f.exists())
+
+        return f"sqlite:///{path}", lambda: flowx.sqlite(path), sqlite_dump
+    schema = pg_schema()
+    url = f"{PG_DSN}?flowx_schema={schema}"
+
+    def pg_dump() -> bytes:
+        return subprocess.run(
+            ["pg_dump", "--no-owner", "-n", schema, PG_DSN],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        ).stdout
+
+    return url, lambda: flowx.postgres(PG_DSN, schema=schema), pg_dump
+
+
+@pytest.fixture
+async def hosts() -> AsyncIterator[Callable[..., Any]]:
+    made: list[flowx.FlowHost] = []
+
+    async def make(store: Any, **kw: Any) -> flowx.FlowHost:
+        kw.setdefault("recovery", False)
+        kw.setdefault("timers", False)
+        kw.setdefault("settings", flowx.HostSettings.load(encryption_keys=KEYS))
+        host = flowx.FlowHost(store=store, flows=FLOWS, **fold_settings(kw))
+        await host.open()
+        made.append(host)
+        return host
+
+    yield make
+    for host in made:
+        await host.drain(timeout=2)
+
+
+def _payment(order_id: str) -> Payment:
+    return Payment(
+        order_id=order_id,
+        card=CANARY,  # type: ignore[arg-type]  # pydantic takes the str
+        billing=Billing(name="Holder-Zed", iban="DE89370400440532013000"),
+    )
+
+
+async def _pay_across_two_nodes(
+    make: Callable[..., Any], store: Callable[[], Any]
+) -> tuple[str, flowx.FlowHost]:
+    """Start on one node, which runs to the wait; resume on another, by the signal."""
+    secret_flows.SEEN.clear()
+    first = await make(store())
+    handle = await first.start("pay.card", _payment("o-1"), idempotency_key="order-o-1")
+    await first.wait_idle(timeout=10)
+    assert (await first.get(handle.instance_id)).state.value == "Suspended"
+    assert secret_flows.SEEN == {"card": CANARY, "iban": "DE89370400440532013000"}
+    await first.drain(timeout=2)
+
+    second = await make(store())
+    receipt = await second.signal(handle.instance_id, "otp", json.dumps({"code": f"otp-{CANARY}"}))
+    assert receipt.status == "woken"
+    state = await (
+        await second.start("pay.card", _payment("o-1"), idempotency_key="order-o-1")
+    ).result()
+    assert state.token.get_secret_value() == f"tok-{CANARY}"
+    assert state.otp.code.get_secret_value() == f"otp-{CANARY}"
+    assert state.receipt == "receipt-o-1"
+    return handle.instance_id, second
+
+
+async def test_the_code_gets_every_secret_intact_and_nothing_stored_holds_one(
+    journal: tuple[str, Callable[[], Any], Callable[[], bytes]],
+    hosts: Callable[..., Any],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    url, store, dump = journal
+    secret_flows.FAILED_ONCE.clear()
+    caplog.set_level(logging.DEBUG)
+    instance_id, _ = await _pay_across_two_nodes(hosts, store)
+
+    stored = dump()
+    assert stored.count(MARK.encode()) >= 4  # the input, the state, the results: sealed
+    for secret in SECRETS:
+        assert secret.encode() not in stored, f"{secret!r} is in the journal"
+    assert b"declined by the issuer" in stored  # the failed attempt is there, masked
+    assert b"**********" in stored
+    assert b'"holder":"[redacted]"' in stored  # the declared name, at the top and nested
+
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "declined by the issuer" in logged or instance_id in logged  # the logs were caught
+    for secret in SECRETS:
+        assert secret not in logged
+
+    args = ["show", instance_id, "--db", url, "-o", "json"]
+    shown = await asyncio.to_thread(CliRunner().invoke, cli, args)  # the CLI runs its own loop
+    assert shown.exit_code == 0, shown.output
+    assert instance_id in shown.output and "**********" in shown.output
+    for secret in SECRETS:
+        assert secret not in shown.output
+
+
+async def test_the_event_redacts_every_sensitive_member_at_every_depth(
+    journal: tuple[str, Callable[[], Any], Callable[[], bytes]], hosts: Callable[..., Any]
+) -> None:
+    _, store, _ = journal
+    secret_flows.FAILED_ONCE.clear()
+    instance_id, second = await _pay_across_two_nodes(hosts, store)
+    assert second.store is not None
+    (event,) = await second.store.journal.events(instance_id)
+    payload = json.loads(event.payload)
+    assert payload == {
+        "order_id": "o-1",
+        "card": "[redacted]",  # SecretStr, declared or not
+        "billing": {"name": "Holder-Zed", "iban": "[redacted]"},  # Sensitive, nested
+        "detail": {"holder": "[redacted]", "note": "ok"},  # the declared name, nested
+        "holder": "[redacted]",
+    }
+
+
+async def test_a_repeated_start_with_the_same_secret_input_is_the_same_instance(
+    journal: tuple[str, Callable[[], Any], Callable[[], bytes]], hosts: Callable[..., Any]
+) -> None:
+    _, store, _ = journal
+    host = await hosts(store())
+    first = await host.start("pay.card", _payment("o-9"), idempotency_key="k-9")
+    again = await host.start("pay.card", _payment("o-9"), idempotency_key="k-9")
+    assert again.instance_id == first.instance_id and not again.created
+    other = _payment("o-9").model_copy(update={"card": SecretStr("4000-0000-0000-0002")})
+    with pytest.raises(flowx.IdempotencyConflict):
+        await host.start("pay.card", other, idempotency_key="k-9")
+
+
+def test_a_flow_with_sensitive_members_is_refused_on_a_host_without_keys(tmp_path: Path) -> None:
+    with pytest.raises(flowx.PlanError, match="FLOWX1028") as refused:
+        flowx.FlowHost(store=flowx.sqlite(tmp_path / "j.db"), flows=FLOWS)
+    assert "input (Payment)" in str(refused.value) and "signal 'otp'" in str(refused.value)
+
+
+async def test_rotate_check_counts_what_each_key_seals(
+    journal: tuple[str, Callable[[], Any], Callable[[], bytes]], hosts: Callable[..., Any]
+) -> None:
+    url, store, _ = journal
+    secret_flows.FAILED_ONCE.clear()
+    await _pay_across_two_nodes(hosts, store)
+    runner = CliRunner()
+    new = runner.invoke(cli, ["keys", "generate", "--id", "k2"]).output.strip()
+    assert flowx.Keyring.parse(new).current == "k2"
+
+    async def check(keys: str) -> tuple[int, dict[str, Any]]:
+        args = ["keys", "rotate-check", "--db", url, "-o", "json"]
+        env = {"FLOWX_ENCRYPTION_KEYS": keys}
+        done = await asyncio.to_thread(runner.invoke, cli, args, env=env)
+        return done.exit_code, json.loads(done.output)
+
+    code, now = await check(KEYS)
+    (k1,) = now["keys"]
+    assert code == 0 and k1["key"] == "k1" and k1["status"] == "current"
+    assert k1["sealed_members"] >= 4
+    code, rotated = await check(f"{new},{KEYS}")
+    statuses = {k["key"]: (k["status"], k["sealed_members"]) for k in rotated["keys"]}
+    assert code == 0
+    assert statuses == {"k2": ("current", 0), "k1": ("old: still needed", k1["sealed_members"])}
+    code, dropped = await check(new)
+    assert code == 1 and dropped["unreadable"] == ["k1"]
