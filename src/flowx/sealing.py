@@ -101,6 +101,13 @@ class Keyring:
             order.append(key_id)
         if not order:
             raise KeysError("no encryption key given", code="keys.malformed")
+        try:
+            import cryptography  # noqa: F401
+        except ImportError:
+            raise KeysError(
+                "encryption keys need the cryptography package: pip install 'flowx[crypto]'",
+                code="keys.no_crypto",
+            ) from None
         return cls(keys=keys, current=order[0])
 
     def seal(self, plaintext: bytes, kind: str, aad: str) -> dict[str, str]:

@@ -84,4 +84,22 @@ pay = (
     .build()
 )
 
-FLOWS = [pay]
+#: A sub-flow child gets the card in its input and hands back a token in its state.
+tokens = (
+    flowx.flow("pay.tokens", version="1", input=Payment, state=PayState)
+    .step(tokenise, into="token")
+    .build()
+)
+
+
+class ParentState(BaseModel):
+    child: PayState | None = None
+
+
+checkout = (
+    flowx.flow("pay.checkout", version="1", input=Payment, state=ParentState)
+    .sub_flow(tokens, lambda p, s: p, into="child")
+    .build()
+)
+
+FLOWS = [pay, checkout]

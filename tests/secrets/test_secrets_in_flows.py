@@ -207,3 +207,17 @@ async def test_rotate_check_counts_what_each_key_seals(
     assert statuses == {"k2": ("current", 0), "k1": ("old: still needed", k1["sealed_members"])}
     code, dropped = await check(new)
     assert code == 1 and dropped["unreadable"] == ["k1"]
+
+
+async def test_a_sub_flow_child_gets_the_secret_and_returns_one(
+    journal: tuple[str, Callable[[], Any], Callable[[], bytes]], hosts: Callable[..., Any]
+) -> None:
+    _, store, dump = journal
+    secret_flows.SEEN.clear()
+    host = await hosts(store())
+    state = await (await host.start("pay.checkout", _payment("o-5"))).result()
+    assert secret_flows.SEEN["card"] == CANARY  # in the child, sealed under its own id
+    assert state.child.token.get_secret_value() == f"tok-{CANARY}"
+    await host.wait_idle(timeout=5)
+    stored = dump()
+    assert CANARY.encode() not in stored and stored.count(MARK.encode()) >= 4

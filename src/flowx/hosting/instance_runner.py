@@ -164,16 +164,17 @@ class InstanceRunner:
     ) -> None:
         """Create a sub-flow's child and run it here if this node accepts work."""
         running = self._ctx.accepting
-        new = child_instance(
-            plan,
-            value,
-            instance_id,
-            parent=parent,
-            scope=scope,
-            node=node,
-            running=running,
-            now=self._ctx.clock.now(),
-        )
+        with codec.sealing(self._ctx.sealing(instance_id)):  # the child's own, not the parent's
+            new = child_instance(
+                plan,
+                value,
+                instance_id,
+                parent=parent,
+                scope=scope,
+                node=node,
+                running=running,
+                now=self._ctx.clock.now(),
+            )
         # The run just read that there is no such child; if one appeared meanwhile (another
         # run of this parent), launch finds it and starts nothing.
         await self.launch(plan, new, run_here=running)
