@@ -55,7 +55,7 @@ from flowx.hosting.retention import SweepReport
 from flowx.hosting.services import NodeServices
 from flowx.hosting.settings import HostSettings
 from flowx.hosting.stopping import StopOutcome, request_of
-from flowx.hosting.storable import signal_payload, start_input, storable_id
+from flowx.hosting.storable import signal_payload, start_input, start_keys, storable_id
 from flowx.hosting.threads import CapabilityThreads
 from flowx.hosting.timers import TimerService
 from flowx.names import name_problem, shown
@@ -318,6 +318,7 @@ class FlowHost:
         ctx.require_accepting()
         plan = self.plan(flow, version)
         value = validated_input(plan, input)
+        start_keys(plan, idempotency_key=idempotency_key, correlation_id=correlation_id)
         instance_id = instance_id_for(plan, idempotency_key)
         with codec.sealing(ctx.sealing(instance_id)):  # R9.8: bound to this instance
             input_text = start_input(

@@ -37,11 +37,19 @@ def start_input(
     """The input's stored text; ``InputUnstorable`` (``flow.input_unstorable``) names the
     field of the input, or the key, that cannot be stored."""
     whose = f"the start of {plan.ref}"
+    start_keys(plan, idempotency_key=idempotency_key, correlation_id=correlation_id)
+    with _refused_as(InputUnstorable):
+        return codec.dumps(value, root="input", context=whose)
+
+
+def start_keys(plan: Plan, *, idempotency_key: str | None, correlation_id: str | None) -> None:
+    """The start's keys checked as text columns: first, since the instance id (which the
+    input is sealed under) is derived from the idempotency key."""
+    whose = f"the start of {plan.ref}"
     with _refused_as(InputUnstorable):
         for root, key in (("idempotency_key", idempotency_key), ("correlation_id", correlation_id)):
             if key is not None:
                 codec.text(key, root=root, context=whose)
-        return codec.dumps(value, root="input", context=whose)
 
 
 def partition_of(plan: Plan, value: BaseModel) -> Any:
