@@ -362,7 +362,7 @@ class FlowHost:
     async def recover_once(self) -> RecoveryScanResult:
         """One recovery sweep now (tests and `flowx` tooling drive it directly)."""
         self._ctx.require_stores()  # no journal, or not reachable yet: a clear error, not a scan
-        assert self.recovery is not None  # built whenever there is a store
+        assert self.recovery is not None  # nosec B101  # invariant: built whenever there is a store
         return await self.recovery.run_once()
 
     # -- signals and replay ----------------------------------------------------------------

@@ -39,7 +39,7 @@ class ChildUndo:
     idempotent = True
 
     def __init__(self, waits: WaitPort, child_id: str, node: SubFlowNode) -> None:
-        assert node.plan is not None
+        assert node.plan is not None  # nosec B101  # invariant: build() sets a sub-flow's plan
         self._waits = waits
         self._child_id = child_id
         self.id = f"sub_flow:{node.plan.flow_id}"
@@ -60,7 +60,7 @@ async def sub_flow(run: Run, node: SubFlowNode, scope: str, item: Any, has_item:
     if a.failures:
         raise Halt.failed(node, scope, a.failures[-1])
     run.forward(node, scope)
-    assert run.waits is not None and node.plan is not None
+    assert run.waits is not None and node.plan is not None  # nosec B101  # invariant: build()
     attempt = a.last_attempt + 1
     child_id = child_instance_id(run.instance_id, scope, node.step_id)
     while True:
@@ -101,7 +101,7 @@ async def _child_input(
     run: Run, node: SubFlowNode, scope: str, item: Any, has_item: bool, attempt: int
 ) -> BaseModel:
     """The child's input, validated against its plan; invalid fails the parent's node."""
-    assert node.plan is not None
+    assert node.plan is not None  # nosec B101  # invariant: build() sets a sub-flow's plan
     try:
         raw = node.input(run.source(item, has_item), run.state)
         return (
@@ -123,7 +123,7 @@ async def _child_completed(
     run: Run, node: SubFlowNode, scope: str, attempt: int, child: InstanceRecord
 ) -> Any:
     """Journal the child's final state as this node's result, kept for compensation."""
-    assert node.plan is not None
+    assert node.plan is not None  # nosec B101  # invariant: build() sets a sub-flow's plan
     # Recorded even past the deadline: the child's effects happened, and only a row puts
     # them in this saga, to be undone if the parent now times out.
     result = codec.loads(child.state_bag)
