@@ -16,10 +16,10 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from pydantic import BaseModel
 
@@ -59,6 +59,10 @@ from flowx.stores.errors import InstanceFinished, UnknownInstance
 from flowx.stores.protocols import Stores
 from flowx.stores.records import InstanceRecord, SignalReceipt, StopRequest
 from flowx.tracing import annotate, span
+
+#: What ``start(plan, input)`` checks the input against, and what its handle's ``result()`` is.
+InputT = TypeVar("InputT", bound=BaseModel)
+StateT = TypeVar("StateT", bound=BaseModel)
 
 log = logging.getLogger("flowx.host")
 
@@ -289,6 +293,30 @@ class FlowHost:
         await self._services.drain(self._runner, timeout)
 
     # -- starting --------------------------------------------------------------------------
+
+    @overload
+    async def start(
+        self,
+        flow: Plan[InputT, StateT],
+        input: InputT | Mapping[str, Any],
+        *,
+        version: str | None = None,
+        idempotency_key: str | None = None,
+        correlation_id: str | None = None,
+        run_here: bool = True,
+    ) -> FlowHandle[StateT]: ...
+
+    @overload
+    async def start(
+        self,
+        flow: str,
+        input: Any,
+        *,
+        version: str | None = None,
+        idempotency_key: str | None = None,
+        correlation_id: str | None = None,
+        run_here: bool = True,
+    ) -> FlowHandle[BaseModel]: ...
 
     async def start(
         self,

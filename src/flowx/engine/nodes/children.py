@@ -102,13 +102,10 @@ async def _child_input(
 ) -> BaseModel:
     """The child's input, validated against its plan; invalid fails the parent's node."""
     assert node.plan is not None  # nosec B101  # invariant: build() sets a sub-flow's plan
+    model: type[BaseModel] = node.plan.input_model
     try:
         raw = node.input(run.source(item, has_item), run.state)
-        return (
-            raw
-            if isinstance(raw, node.plan.input_model)
-            else node.plan.input_model.model_validate(raw)
-        )
+        return raw if isinstance(raw, model) else model.model_validate(raw)
     except Exception as exc:
         await run.fail_node(
             node,
