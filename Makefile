@@ -13,11 +13,11 @@ STAMP  := $(VENV)/.installed
 help: ## list the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml src/flowx/_version.py
 	@test -n "$(PYTHON)" || { echo "FlowX needs Python 3.11 or newer on PATH"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --upgrade 'pip>=25.1'
+	$(BIN)/python -m pip install --quiet -e '.[all]' --group dev
 	@touch $@
 
 demo: $(STAMP) ## crash a worker mid-flight (SQLite; STORE=postgresql://... for PostgreSQL); another finishes
@@ -30,9 +30,10 @@ ui: $(STAMP) ## serve the web UI and HTTP API over the demo's journal (run `make
 services: ## check the PostgreSQL, Redis, RabbitMQ and NATS the tests use; start any that is down
 	@bash scripts/services.sh
 
-lint: $(STAMP) ## ruff and import-linter (the engine is pure; layers point down)
+lint: $(STAMP) ## ruff, import-linter (the engine is pure; layers point down) and bandit
 	$(BIN)/ruff check src tests examples benchmarks
 	$(BIN)/lint-imports
+	$(BIN)/bandit --quiet -c pyproject.toml -r src/flowx
 
 typecheck: $(STAMP) ## mypy --strict on src/
 	$(BIN)/mypy

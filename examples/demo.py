@@ -107,7 +107,8 @@ class PostgresJournal:
             import psycopg
         except ImportError as exc:
             raise SystemExit(
-                f"demo: a PostgreSQL store needs psycopg: pip install 'flowx[postgres]' ({exc})"
+                "demo: a PostgreSQL store needs psycopg: "
+                f"pip install 'flowx-runtime[postgres]' ({exc})"
             ) from exc
         from flowx.stores.postgres.database import redact
 

@@ -11,6 +11,7 @@ in it is documented (``tests/test_public_api.py``). What a host or a store build
 """
 
 from flowx import metrics
+from flowx._version import __version__
 from flowx.capability import Capability, CapabilityRegistry, capability
 from flowx.clock import Clock, SystemClock
 from flowx.engine import CompensationAlert, StepContext
@@ -79,8 +80,6 @@ from flowx.stores.errors import (
 )
 from flowx.stores.records import InstanceState, Outcome, SignalReceipt
 from flowx.urls import BadURL
-
-__version__ = "0.1.0"
 
 __all__ = [
     "AlertSink",

@@ -1,6 +1,6 @@
 """What a FlowX process measures, exported through prometheus-client when it is installed.
 
-``flowx[prometheus]`` brings the library, and ``flowx worker --metrics-port`` serves the
+``flowx-runtime[prometheus]`` brings the library, and ``flowx worker --metrics-port`` serves the
 families below on ``/metrics``. Without it every family still counts in-process (so tests and
 ``flowx`` tooling can read them) and nothing is exported.
 
@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 _prometheus: Any
-try:  # optional: flowx[prometheus]
+try:  # optional: flowx-runtime[prometheus]
     import prometheus_client as _prometheus
 except ImportError:  # pragma: no cover - exercised only without the extra
     _prometheus = None
@@ -281,6 +281,8 @@ def serve(port: int, host: str) -> Any:
     """Serve ``/metrics`` on ``host:port`` from a thread of its own (prometheus-client's
     server); returns the server, to shut it down on drain."""
     if _prometheus is None:  # pragma: no cover - the CLI checks ``available`` first
-        raise RuntimeError("prometheus-client is not installed: pip install 'flowx[prometheus]'")
+        raise RuntimeError(
+            "prometheus-client is not installed: pip install 'flowx-runtime[prometheus]'"
+        )
     server, _thread = _prometheus.start_http_server(port, addr=host)
     return server

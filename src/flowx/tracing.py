@@ -1,6 +1,6 @@
 """OpenTelemetry spans for what FlowX does (R9.6), through ``opentelemetry-api`` only.
 
-``flowx[otel]`` brings the API; the application installs an SDK and an exporter, as with any
+``flowx-runtime[otel]`` brings the API; the application installs an SDK and an exporter, as with any
 instrumented library. Without the API nothing here does anything; with it and no SDK the
 spans are the API's no-op ones.
 
@@ -22,7 +22,7 @@ _trace: Any
 _context: Any
 _propagator: Any
 _tracer: Any
-try:  # optional: flowx[otel]
+try:  # optional: flowx-runtime[otel]
     from opentelemetry import context as _context
     from opentelemetry import trace as _trace
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -84,5 +84,5 @@ def use(provider: Any) -> None:
     apart; others install their provider globally and need not call this."""
     global _tracer
     if _trace is None:
-        raise RuntimeError("opentelemetry-api is not installed: pip install 'flowx[otel]'")
+        raise RuntimeError("opentelemetry-api is not installed: pip install 'flowx-runtime[otel]'")
     _tracer = provider.get_tracer("flowx") if provider is not None else _trace.get_tracer("flowx")

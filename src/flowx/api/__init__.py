@@ -1,5 +1,5 @@
 """The HTTP API (R9.7): ``create_app(host)`` is an ASGI application over a ``FlowHost``;
-``flowx serve`` runs one. Needs the ``flowx[api]`` extra (FastAPI and uvicorn)."""
+``flowx serve`` runs one. Needs the ``flowx-runtime[api]`` extra (FastAPI and uvicorn)."""
 
 from flowx.api.app import create_app
 

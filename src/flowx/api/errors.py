@@ -107,14 +107,14 @@ def answer(exc: FlowXError) -> JSONResponse:
 
 
 async def on_flowx_error(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, FlowXError)
+    assert isinstance(exc, FlowXError)  # nosec B101  # invariant: registered for FlowXError only
     return answer(exc)
 
 
 async def on_invalid_request(request: Request, exc: Exception) -> JSONResponse:
     """A request the models refuse (a missing field, a wrong type, a bad query value): 422
     with each field, in the same body as every other error."""
-    assert isinstance(exc, RequestValidationError)
+    assert isinstance(exc, RequestValidationError)  # nosec B101  # invariant: registered for it
     fields = [
         {
             "loc": [str(p) for p in e.get("loc", ())],
@@ -133,7 +133,7 @@ async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
     """Starlette's own refusals, in the API's body: a body that is not JSON at all (400 from
     FastAPI, a 422 here as every other unreadable request is), an unknown path (404), a method
     the path does not take (405)."""
-    assert isinstance(exc, HTTPException)
+    assert isinstance(exc, HTTPException)  # nosec B101  # invariant: registered for this type only
     if exc.status_code == 400:
         return JSONResponse(
             body("request.invalid", f"the request is invalid: {exc.detail}"), status_code=422

@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from flowx._version import __version__
 from flowx.cli import inputs
 from flowx.hosting.stores import DEFAULT_URL
 
@@ -71,6 +72,6 @@ optional_flows_option = click.option(
 
 
 @click.group(cls=inputs.TextArgsGroup)
-@click.version_option(package_name="flowx")
+@click.version_option(version=__version__, prog_name="flowx")
 def cli() -> None:
     """FlowX: durable flows. A crash loses nothing; a zombie writes nothing."""

@@ -127,7 +127,9 @@ def serve(
 
         from flowx.api import create_app
     except ImportError as exc:
-        fail(FlowXError(f"flowx serve needs the api extra: pip install 'flowx[api]' ({exc})"))
+        fail(
+            FlowXError(f"flowx serve needs the api extra: pip install 'flowx-runtime[api]' ({exc})")
+        )
     try:
         overrides: dict[str, Any] = {} if work else {"recovery": False, "timers": False}
         if not work:

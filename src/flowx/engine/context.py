@@ -96,7 +96,7 @@ class StepContext:
 
     def random(self) -> float:
         """A float in [0, 1), captured."""
-        value: float = self._draw("random", _random.random())
+        value: float = self._draw("random", _random.random())  # nosec B311  # not a secret
         return value
 
     def drawn(self) -> dict[str, list[Any]] | None:

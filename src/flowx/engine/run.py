@@ -188,7 +188,7 @@ class Run:
     ) -> bool:
         """Seal the instance at this wait; ``False`` if what it waits for is already there.
         The timer is armed at the deadline too, unless ``clamp`` is off."""
-        assert self.waits is not None  # FLOWX1017: waits exist only in Durable flows
+        assert self.waits is not None  # nosec B101  # invariant, FLOWX1017: waits are Durable-only
         if clamp and self.deadline_at is not None:
             at = self.deadline_at if at is None else min(at, self.deadline_at)
         wake = Wake(step_id=node.step_id, scope=scope, at=at, signal=signal)

@@ -242,7 +242,7 @@ class Execution:
         """A halt that ends the instance: a failed node, the deadline, or a resumed
         compensation."""
         if halt.kind is HaltKind.FAILED:
-            assert halt.node is not None
+            assert halt.node is not None  # nosec B101  # invariant: a FAILED halt names its node
             timed_out = halt.error.get("code") == DEADLINE_EXCEEDED
             return await self._fail(halt.node, halt.scope, halt.error, timed_out=timed_out)
         if halt.kind is HaltKind.DEADLINE:
@@ -266,7 +266,7 @@ class Execution:
 
     async def _deadline_passed(self, late: Halt) -> RunResult:
         run = self._run
-        assert late.node is not None and late.at is not None
+        assert late.node is not None and late.at is not None  # nosec B101  # a deadline sets both
         run.stop_forward()
         error = error_payload(
             FlowXError(
@@ -290,7 +290,7 @@ class Execution:
         why compensation began in the rows, as for a deadline), then compensates what
         finished, and ends ``Cancelled``."""
         run = self._run
-        assert halt.request is not None
+        assert halt.request is not None  # nosec B101  # invariant: a stop halt holds its request
         error = stop_error(halt.request)
         run.stop_forward()
         if halt.request.mode == "terminate":

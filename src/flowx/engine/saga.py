@@ -106,7 +106,7 @@ def _undo_of(run: Run, done: Done) -> tuple[Undo, Retry] | None:
     if not compensable(node):
         return None
     if isinstance(node, SubFlowNode):
-        assert run.waits is not None
+        assert run.waits is not None  # nosec B101  # invariant: sub-flows are Durable-only
         child_id = child_instance_id(run.instance_id, done.scope, node.step_id)
         return ChildUndo(run.waits, child_id, node), DEFAULT_COMPENSATION_RETRY
     if node.compensate is not None:

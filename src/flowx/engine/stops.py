@@ -93,7 +93,7 @@ class StopWatch:
         """The calling task begins an attempt: a stop that applies cuts it (one already
         here, at its first await). Pair with ``disarm``."""
         task = asyncio.current_task()
-        assert task is not None
+        assert task is not None  # nosec B101  # invariant: called from a task
         self._armed[task] = (by_cancel, task.cancelling())
         self._fire(task, by_cancel)
         return task

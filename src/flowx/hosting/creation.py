@@ -102,11 +102,12 @@ def child_instance(
 
 def validated_input(plan: Plan, value: Any) -> BaseModel:
     """``value`` as the flow's input model; ``InputInvalid`` naming each bad field."""
-    if isinstance(value, plan.input_model):
+    model: type[BaseModel] = plan.input_model
+    if isinstance(value, model):
         return value
     try:
         if isinstance(value, str | bytes):
-            return plan.input_model.model_validate_json(value)
-        return plan.input_model.model_validate(value)
+            return model.model_validate_json(value)
+        return model.model_validate(value)
     except ValidationError as exc:
         raise InputInvalid(plan.flow_id, problems(exc), fields=field_errors(exc)) from exc

@@ -49,7 +49,9 @@ S = TypeVar("S", bound=BaseModel)
 class FlowHandle(Generic[S]):
     """A started instance. ``await handle.result()`` waits for it to end."""
 
-    def __init__(self, host: HandleHost, plan: Plan, instance_id: str, *, created: bool) -> None:
+    def __init__(
+        self, host: HandleHost, plan: Plan[Any, S], instance_id: str, *, created: bool
+    ) -> None:
         self._host = host
         self.plan = plan
         self.instance_id = instance_id
@@ -66,8 +68,9 @@ class FlowHandle(Generic[S]):
         node runs it."""
         return await self._host.get(self.instance_id)
 
-    async def result(self, *, timeout: float | None = None, poll: float = 0.1) -> Any:
-        """The final state of a Completed instance; raises ``FlowFailed`` for a failed one.
+    async def result(self, *, timeout: float | None = None, poll: float = 0.1) -> S:
+        """The final state of a Completed instance (the plan's state model); raises
+        ``FlowFailed`` for a failed one.
 
         Waits on this node's own run when it runs the instance here (its outcome, settled
         once committed, before the run's lease is released), and otherwise watches the
@@ -75,7 +78,7 @@ class FlowHandle(Generic[S]):
         """
         return await asyncio.wait_for(self._result(poll), timeout)
 
-    async def _result(self, poll: float) -> Any:
+    async def _result(self, poll: float) -> S:
         runner = self._host._runner
         ephemeral = self._ephemeral
         if ephemeral is None:
@@ -103,13 +106,13 @@ class FlowHandle(Generic[S]):
             await asyncio.sleep(poll)
 
 
-def _final(host: HandleHost, plan: Plan, instance_id: str, state_bag: str) -> Any:
+def _final(host: HandleHost, plan: Plan[Any, S], instance_id: str, state_bag: str) -> S:
     """The final state, its sensitive members opened for the caller (R9.8)."""
     with codec.sealing(host.sealing_for(instance_id)):
         return codec.validate_model(plan.state_model, state_bag, root="state")
 
 
-def _finish(host: HandleHost, plan: Plan, instance_id: str, result: RunResult) -> Any:
+def _finish(host: HandleHost, plan: Plan[Any, S], instance_id: str, result: RunResult) -> S:
     """A run's result as ``FlowHandle.result`` gives it: the final state, or ``FlowFailed``."""
     if result.outcome == "completed":
         return _final(host, plan, instance_id, result.state_bag)

@@ -16,10 +16,10 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from pydantic import BaseModel
 
@@ -65,6 +65,10 @@ from flowx.stores.errors import InstanceFinished, UnknownInstance
 from flowx.stores.protocols import Stores
 from flowx.stores.records import InstanceRecord, SignalReceipt, StopRequest
 from flowx.tracing import annotate, span
+
+#: What ``start(plan, input)`` checks the input against, and what its handle's ``result()`` is.
+InputT = TypeVar("InputT", bound=BaseModel)
+StateT = TypeVar("StateT", bound=BaseModel)
 
 log = logging.getLogger("flowx.host")
 
@@ -298,6 +302,30 @@ class FlowHost:
 
     # -- starting --------------------------------------------------------------------------
 
+    @overload
+    async def start(
+        self,
+        flow: Plan[InputT, StateT],
+        input: InputT | Mapping[str, Any],
+        *,
+        version: str | None = None,
+        idempotency_key: str | None = None,
+        correlation_id: str | None = None,
+        run_here: bool = True,
+    ) -> FlowHandle[StateT]: ...
+
+    @overload
+    async def start(
+        self,
+        flow: str,
+        input: Any,
+        *,
+        version: str | None = None,
+        idempotency_key: str | None = None,
+        correlation_id: str | None = None,
+        run_here: bool = True,
+    ) -> FlowHandle[BaseModel]: ...
+
     async def start(
         self,
         flow: Plan | str,
@@ -389,7 +417,7 @@ class FlowHost:
     async def recover_once(self) -> RecoveryScanResult:
         """One recovery sweep now (tests and `flowx` tooling drive it directly)."""
         self._ctx.require_stores()  # no journal, or not reachable yet: a clear error, not a scan
-        assert self.recovery is not None  # built whenever there is a store
+        assert self.recovery is not None  # nosec B101  # invariant: built whenever there is a store
         return await self.recovery.run_once()
 
     # -- signals and replay ----------------------------------------------------------------

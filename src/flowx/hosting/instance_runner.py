@@ -252,7 +252,7 @@ class InstanceRunner:
         record = await stores.journal.get(child_id)
         if not undoable(child_id, record):
             return  # it undid itself, or was undone already
-        assert record is not None
+        assert record is not None  # nosec B101  # invariant: undoable() refuses None
         plan = ctx.plans.plan(record.flow_id, record.flow_version)
         claimed = await self.claim(stores, record)
         if claimed is None:

@@ -150,7 +150,7 @@ class DurableWaits:
     async def start_child(
         self, node: SubFlowNode, child_id: str, input_value: BaseModel, scope: str
     ) -> None:
-        assert node.plan is not None
+        assert node.plan is not None  # nosec B101  # invariant: build() sets a sub-flow's plan
         await self._children.start_child(
             node.plan, input_value, child_id, parent=self._record, scope=scope, node=node
         )

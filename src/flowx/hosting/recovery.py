@@ -118,7 +118,7 @@ class RecoveryService:
         self._resume = resume
         self._free_flow_slots = free_flow_slots
         self._lease_expiry = lease_expiry
-        self._rng = rng or random.Random()
+        self._rng = rng or random.Random()  # nosec B311  # scan jitter, not a secret
         self._slot_freed = asyncio.Event()
         self._poked = asyncio.Event()
         #: Takes up to n queued instances in one claim and runs them, returning how many

@@ -214,7 +214,7 @@ class RetentionService:
         tried again at the next interval."""
         interval = self._ctx.settings.retention_sweep_interval.total_seconds()
         while not stop.is_set():
-            wait = interval * (1 + random.uniform(-0.1, 0.1))
+            wait = interval * (1 + random.uniform(-0.1, 0.1))  # nosec B311  # jitter only
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(wait):  # no task of its own while it waits
                     await stop.wait()

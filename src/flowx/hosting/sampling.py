@@ -58,7 +58,7 @@ class MetricsService:
         if not available():
             raise FlowXError(
                 "metrics_port is set but prometheus-client is not installed: "
-                "pip install 'flowx[prometheus]', or unset metrics_port",
+                "pip install 'flowx-runtime[prometheus]', or unset metrics_port",
                 code="settings.metrics_unavailable",
             )
         try:

@@ -122,7 +122,7 @@ class NodeServices:
         """Open (and migrate) the stores, check the clock, then start every loop."""
         ctx = self._ctx
         store = ctx.store
-        assert store is not None
+        assert store is not None  # nosec B101  # invariant: connect() runs only with a store
         if isinstance(store, RoundTripBound):
             store.bound_round_trips(ctx.settings.round_trip_timeout)
         await store.open()

@@ -123,7 +123,7 @@ class HostSettings(BaseSettings):
     #: ``None``: instances are deleted without an archive (unless the host was given one).
     retention_archive_dir: str | None = None
     #: Serve Prometheus metrics on ``http://metrics_host:metrics_port/metrics`` while the
-    #: node is open (needs ``flowx[prometheus]``); ``None``: not served. 0 binds any free
+    #: node is open (needs ``flowx-runtime[prometheus]``); ``None``: not served. 0 binds any free
     #: port (the log line says which).
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
     #: The address ``/metrics`` is bound to: loopback unless told otherwise.

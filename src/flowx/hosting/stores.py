@@ -46,7 +46,7 @@ def _take_param(url: str, name: str) -> tuple[str, str | None]:
 
 def postgres(dsn: str, *, schema: str | None = None, migrate: bool = True, **pool: Any) -> Stores:
     """The production store. ``schema`` (default ``flowx``, or ``?flowx_schema=`` in the URL)
-    is the PostgreSQL schema FlowX keeps its tables in. Needs ``flowx[postgres]``.
+    is the PostgreSQL schema FlowX keeps its tables in. Needs ``flowx-runtime[postgres]``.
 
     ``pool`` takes the pool's sizes and, by name, any session limit (``connect_timeout=2``,
     ``lock_timeout_ms=…``): those are grouped into the store's ``SessionLimits`` here, so a
@@ -56,7 +56,7 @@ def postgres(dsn: str, *, schema: str | None = None, migrate: bool = True, **poo
         from flowx.stores.postgres.database import SessionLimits
     except ImportError as exc:
         raise FlowXError(
-            f"the PostgreSQL store needs psycopg: pip install 'flowx[postgres]' ({exc})",
+            f"the PostgreSQL store needs psycopg: pip install 'flowx-runtime[postgres]' ({exc})",
             code="store.not_available",
         ) from exc
     chosen = check_postgres(dsn, schema)
@@ -70,14 +70,14 @@ def postgres(dsn: str, *, schema: str | None = None, migrate: bool = True, **poo
 
 
 def redis_leases(url: str = "redis://127.0.0.1:6379/0", **kw: Any) -> Any:
-    """A Redis lease store (``flowx[redis]``), to pair with a journal: ``with_leases``.
+    """A Redis lease store (``flowx-runtime[redis]``), to pair with a journal: ``with_leases``.
 
     ``?flowx_prefix=`` in the URL names the key prefix (default ``flowx``)."""
     try:
         from flowx.stores.redis import RedisLeaseStore
     except ImportError as exc:
         raise FlowXError(
-            f"the Redis lease store needs redis-py: pip install 'flowx[redis]' ({exc})",
+            f"the Redis lease store needs redis-py: pip install 'flowx-runtime[redis]' ({exc})",
             code="store.not_available",
         ) from exc
     check_redis(url, "Redis lease store")

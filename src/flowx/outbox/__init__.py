@@ -1,7 +1,7 @@
 """The outbox publisher and its brokers (SPEC §5).
 
-``RabbitMQPublisher`` and ``NatsJetStreamPublisher`` import their drivers (``flowx[rabbitmq]``,
-``flowx[nats]``) only when one is built.
+``RabbitMQPublisher`` and ``NatsJetStreamPublisher`` import their drivers
+(``flowx-runtime[rabbitmq]``, ``flowx-runtime[nats]``) only when one is built.
 """
 
 from flowx.outbox.fanout import FanOutPublisher

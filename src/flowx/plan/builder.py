@@ -9,7 +9,7 @@ a production instance.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast, overload
 
 from pydantic import BaseModel
 
@@ -26,10 +26,11 @@ from flowx.plan.drafts import (
     InputT,
     NodeDraft,
     SleepDraft,
+    StateT,
     StepDraft,
     SubFlowDraft,
 )
-from flowx.plan.model import Plan, Profile, Retry, Selector
+from flowx.plan.model import NoState, Plan, Profile, Retry, Selector
 
 B = TypeVar("B", bound="Body")
 
@@ -159,18 +160,51 @@ class Body:
         )
 
 
-class FlowBuilder(Body, Generic[InputT]):
+class FlowBuilder(Body, Generic[InputT, StateT]):
     """A flow being defined; start one with ``flowx.flow(...)``. ``build()`` validates it and
-    returns the ``Plan``."""
+    returns the ``Plan``, typed with the flow's input and state models."""
 
     def __init__(self, header: FlowHeader[InputT]) -> None:
         super().__init__()
         self._header = header
 
-    def build(self) -> Plan:
+    def build(self) -> Plan[InputT, StateT]:
         """Check the whole flow and number its nodes: a ``PlanError`` with a ``FLOWX`` code
         and the fix at the first mistake, else the immutable ``Plan`` a host registers."""
-        return compile_plan(self._header, tuple(self._drafts))
+        plan = compile_plan(self._header, tuple(self._drafts))
+        # compile_plan builds the plan from the header's `input=` and `state=` (or NoState),
+        # the very models flow()'s overloads bound InputT and StateT to.
+        return cast("Plan[InputT, StateT]", plan)
+
+
+@overload
+def flow(
+    flow_id: str,
+    *,
+    version: str,
+    input: type[InputT],
+    state: None = None,
+    profile: Profile = ...,
+    deadline: DurationLike | None = ...,
+    partition_key: Callable[[InputT], str | None] | None = ...,
+    registry: CapabilityRegistry | None = ...,
+    step_timeout: DurationLike | None = ...,
+) -> FlowBuilder[InputT, NoState]: ...
+
+
+@overload
+def flow(
+    flow_id: str,
+    *,
+    version: str,
+    input: type[InputT],
+    state: type[StateT],
+    profile: Profile = ...,
+    deadline: DurationLike | None = ...,
+    partition_key: Callable[[InputT], str | None] | None = ...,
+    registry: CapabilityRegistry | None = ...,
+    step_timeout: DurationLike | None = ...,
+) -> FlowBuilder[InputT, StateT]: ...
 
 
 def flow(
@@ -184,7 +218,7 @@ def flow(
     partition_key: Callable[[InputT], str | None] | None = None,
     registry: CapabilityRegistry | None = None,
     step_timeout: DurationLike | None = None,
-) -> FlowBuilder[InputT]:
+) -> FlowBuilder[InputT, Any]:
     """Start defining a flow. ``partition_key(input)`` becomes the instance's ``tenant_id``
     (R2.7) and the default partition key of the events it emits. ``step_timeout`` bounds
     every attempt of a step that names no ``timeout=`` of its own; ``deadline`` bounds the

@@ -22,6 +22,8 @@ from flowx.durations import DurationLike
 from flowx.plan.model import Plan, Profile, Retry, Selector
 
 InputT = TypeVar("InputT", bound=BaseModel)
+#: The ``state=`` model a flow declares (``NoState`` when it declares none).
+StateT = TypeVar("StateT", bound=BaseModel)
 
 #: What a step or a compensation names: a decorated function, a ``Capability`` or its id.
 Target: TypeAlias = Callable[..., Any] | Capability | str

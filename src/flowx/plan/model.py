@@ -15,9 +15,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any, Generic, Literal
 
 from pydantic import BaseModel
+from typing_extensions import TypeVar
 
 from flowx.capability import Capability
 from flowx.durations import DurationLike, parse_duration
@@ -212,14 +213,27 @@ class NoState(BaseModel):
     """The state model of a flow that declares none."""
 
 
+#: A plan's input model. Invariant, so a type checker refuses ``host.start(plan, x)`` when
+#: ``x`` is another model; a bare ``Plan`` (any input) is ``Plan[Any, BaseModel]``.
+PlanInput = TypeVar("PlanInput", bound=BaseModel, default=Any)
+#: A plan's state model: what ``await handle.result()`` gives. Covariant: a
+#: ``Plan[Order, OrderState]`` is a ``Plan`` wherever any plan is accepted.
+PlanState = TypeVar("PlanState", bound=BaseModel, covariant=True, default=BaseModel)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Plan:
-    """A built, validated flow. Create one with ``flowx.flow(...)...build()``."""
+class Plan(Generic[PlanInput, PlanState]):
+    """A built, validated flow. Create one with ``flowx.flow(...)...build()``.
+
+    ``Plan[Order, OrderState]``: its input is an ``Order``, its final state an
+    ``OrderState``, as ``flowx.flow(..., input=Order, state=OrderState)`` declared them, so a
+    user's type checker sees both through ``FlowHost.start`` and ``FlowHandle.result``.
+    """
 
     flow_id: str
     version: str
-    input_model: type[BaseModel]
-    state_model: type[BaseModel]
+    input_model: type[PlanInput]
+    state_model: type[PlanState]
     profile: Profile
     body: tuple[Node, ...]
     deadline: timedelta | None = None

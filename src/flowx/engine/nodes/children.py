@@ -39,7 +39,7 @@ class ChildUndo:
     idempotent = True
 
     def __init__(self, waits: WaitPort, child_id: str, node: SubFlowNode) -> None:
-        assert node.plan is not None
+        assert node.plan is not None  # nosec B101  # invariant: build() sets a sub-flow's plan
         self._waits = waits
         self._child_id = child_id
         self.id = f"sub_flow:{node.plan.flow_id}"
@@ -60,7 +60,7 @@ async def sub_flow(run: Run, node: SubFlowNode, scope: str, item: Any, has_item:
     if a.failures:
         raise Halt.failed(node, scope, a.failures[-1])
     run.forward(node, scope)
-    assert run.waits is not None and node.plan is not None
+    assert run.waits is not None and node.plan is not None  # nosec B101  # invariant: build()
     attempt = a.last_attempt + 1
     child_id = child_instance_id(run.instance_id, scope, node.step_id)
     while True:
@@ -101,14 +101,11 @@ async def _child_input(
     run: Run, node: SubFlowNode, scope: str, item: Any, has_item: bool, attempt: int
 ) -> BaseModel:
     """The child's input, validated against its plan; invalid fails the parent's node."""
-    assert node.plan is not None
+    assert node.plan is not None  # nosec B101  # invariant: build() sets a sub-flow's plan
+    model: type[BaseModel] = node.plan.input_model
     try:
         raw = node.input(run.source(item, has_item), run.state)
-        return (
-            raw
-            if isinstance(raw, node.plan.input_model)
-            else node.plan.input_model.model_validate(raw)
-        )
+        return raw if isinstance(raw, model) else model.model_validate(raw)
     except Exception as exc:
         await run.fail_node(
             node,
@@ -123,7 +120,7 @@ async def _child_completed(
     run: Run, node: SubFlowNode, scope: str, attempt: int, child: InstanceRecord
 ) -> Any:
     """Journal the child's final state as this node's result, kept for compensation."""
-    assert node.plan is not None
+    assert node.plan is not None  # nosec B101  # invariant: build() sets a sub-flow's plan
     # Recorded even past the deadline: the child's effects happened, and only a row puts
     # them in this saga, to be undone if the parent now times out.
     at = f"{scope}/{node.step_id}"

@@ -187,7 +187,7 @@ def _attempt_error(
 ) -> dict[str, Any]:
     """A failed attempt's row payload; the flow deadline cutting it halts instead."""
     if isinstance(exc, DeadlineReached):
-        assert run.deadline_at is not None
+        assert run.deadline_at is not None  # nosec B101  # invariant: only a deadline raises it
         raise Halt.deadline(node, scope, run.deadline_at, running=True) from exc
     if isinstance(exc, StopReached):  # R9.4: an operator's stop cut the attempt
         raise Halt.stopped(node, scope, exc.request, running=True) from exc
@@ -224,7 +224,7 @@ async def emit(run: Run, node: EmitNode, scope: str, item: Any, has_item: bool) 
                 f"{node.event_type.__name__}"
             )
         contract = contract_of(node.event_type)
-        assert contract is not None  # FLOWX1024 guarantees it at build time
+        assert contract is not None  # nosec B101  # invariant: FLOWX1024 checks it at build time
         payload = contract.encode(built)
         partition_key = _partition_key(run, node, source)
     except Exception as exc:

@@ -36,7 +36,7 @@ async def await_signal(
         raise Halt.failed(node, scope, a.failures[-1])
     run.forward(node, scope)
     run.check_deadline(node, scope)
-    assert run.waits is not None  # FLOWX1017
+    assert run.waits is not None  # nosec B101  # invariant: FLOWX1017
     timeout_at = run.wait_until(node, scope, node.timeout) if node.timeout is not None else None
     attempt = a.last_attempt + 1
     consumed = run.history.consumed.setdefault(node.signal, set())

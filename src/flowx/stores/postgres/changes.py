@@ -163,5 +163,5 @@ class PostgresChanges:
     async def purge_published(self, *, before: datetime) -> OutboxPurge:
         async with self._db.connection() as conn, conn.transaction():
             row = await (await conn.execute(PURGE, {"before": before})).fetchone()
-            assert row is not None
+            assert row is not None  # nosec B101  # invariant: an aggregate answers one row
             return OutboxPurge(deleted=int(row[0]), held_back=int(row[1]))

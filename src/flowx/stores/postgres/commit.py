@@ -140,7 +140,7 @@ async def send_one(conn: psycopg.AsyncConnection[Any], commit: StepCommit) -> tu
             raise DuplicateStep(commit.instance_id, step.scope, step.step_id, step.attempt) from exc
         raise
     row = await cur.fetchone()
-    assert row is not None
+    assert row is not None  # nosec B101  # invariant: RETURNING answers one row
     return tuple(row)
 
 

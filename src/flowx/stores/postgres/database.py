@@ -359,7 +359,7 @@ class PostgresDatabase:
         """The server's clock now (``clock_timestamp()``), to measure this node's offset."""
         async with self.connection() as conn:
             row = await (await conn.execute("SELECT clock_timestamp()")).fetchone()
-        assert row is not None
+        assert row is not None  # nosec B101  # invariant: SELECT answers one row
         moment: datetime = row[0]
         return moment
 

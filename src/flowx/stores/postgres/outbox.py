@@ -141,7 +141,7 @@ class PostgresOutbox:
     async def backlog(self) -> OutboxBacklog:
         async with self._db.connection() as conn:
             row = await (await conn.execute(BACKLOG)).fetchone()
-        assert row is not None  # an aggregate always answers one row
+        assert row is not None  # nosec B101  # invariant: an aggregate always answers one row
         return OutboxBacklog(pending=int(row[0]), oldest_staged_at=row[1], dead=int(row[2]))
 
     async def dead_letters(self, *, limit: int = 100) -> Sequence[EventRecord]:

@@ -168,7 +168,7 @@ async def deliver_one(db: PostgresDatabase, d: Delivery) -> SignalReceipt:
         outcome = await delivered.fetchone()
     if row is None:
         raise UnknownInstance(d.instance_id)
-    assert outcome is not None
+    assert outcome is not None  # nosec B101  # invariant: the insert answers one row
     seq, woken, first, last = outcome
     return receipt(d, InstanceState(row[0]), seq, bool(woken), first, last)
 

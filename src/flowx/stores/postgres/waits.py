@@ -217,7 +217,7 @@ class PostgresWaits:
                 "now": now,
             }
             row = await (await cur.execute(REARM, params)).fetchone()
-            assert row is not None  # locked above: it cannot have gone
+            assert row is not None  # nosec B101  # invariant: locked above: it cannot have gone
         if self._work is not None:
             self._work.mark()
         return instance_of(row)

@@ -95,7 +95,7 @@ def open_in(
         raise FencedOut(instance_id, token, row[0])
     conn.execute(_OPEN, (token, stamp, instance_id))
     instance = read_instance(conn, instance_id)
-    assert instance is not None  # its fence was read above, under the write lock
+    assert instance is not None  # nosec B101  # invariant: its fence was read above, under lock
     steps = tuple(step_row(r) for r in conn.execute(SELECT_STEPS, (instance_id,)))
     return History(instance=instance, steps=steps)
 

@@ -105,7 +105,7 @@ def create_in(
         ),
     )
     created = read_instance(conn, instance.instance_id)
-    assert created is not None  # written above, in this transaction
+    assert created is not None  # nosec B101  # invariant: written above, in this transaction
     return CreateResult(instance=created, created=True)
 
 

@@ -254,7 +254,7 @@ class SqliteWaits:
                 },
             )
             record = read_instance(conn, instance_id)
-            assert record is not None  # its fence was read above, under the write lock
+            assert record is not None  # nosec B101  # invariant: fence read above, under lock
             return record
 
         return await self._db.write(tx)
