@@ -62,18 +62,18 @@ def _fix(refused: str, login: str, schema: str) -> str:
             f"{names['retention']} (retention sweep) or {names['reader']} (read commands); "
             f"DDL is {owner}'s alone"
         )
-    holders = [
-        f"{names[kind_]} ({', '.join(privileges)})"
+    held = [
+        (names[kind_], privileges)
         for kind_, tables in TABLE_GRANTS.items()
         for table, privileges in tables.items()
         if table == name
     ]
-    holders += [
-        f"{names[kind_]} (USAGE)" for kind_, seqs in SEQUENCE_GRANTS.items() if name in seqs
-    ]
+    held += [(names[kind_], ("USAGE",)) for kind_, seqs in SEQUENCE_GRANTS.items() if name in seqs]
     if kind != "sequence":
-        holders.append(f"{names['reader']} (SELECT)")
-    first = holders[0].split(" ")[0]
+        held.append((names["reader"], ("SELECT",)))
+    holders = [f"{role} ({', '.join(privileges)})" for role, privileges in held]
+    # The example: the role that may do most with it (a write refused is the usual case).
+    first = max(held, key=lambda h: len(h[1]))[0]
     return (
         f"The roles that may use {name}: {', '.join(holders)}; grant {login} the one for "
         f"this job, e.g. GRANT {first} TO {login}"

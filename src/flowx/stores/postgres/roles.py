@@ -67,7 +67,9 @@ TABLE_GRANTS: Final[Mapping[str, Mapping[str, tuple[str, ...]]]] = {
         "flowx_schema_migrations": ("SELECT",),
         # Deleting an instance cascades to its steps, signals and events: the cascade runs with
         # the tables' owner's rights, so those need only SELECT here (the archive reads them).
-        "flow_instance": ("SELECT", "DELETE"),
+        # Taking the sweep's lease raises the fence of an instance of that id (R2.4), so
+        # that one column may be updated: never an instance's state or history.
+        "flow_instance": ("SELECT", "DELETE", "UPDATE (fence)"),
         "flow_step": ("SELECT",),
         "flow_signal": ("SELECT",),
         "outbox_event": ("SELECT", "DELETE"),
