@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,8 +32,11 @@ from flowx.outbox import OutboxPublisher, RecordingPublisher
 from flowx.stores.errors import StorePermissionDenied
 from flowx.stores.postgres.roles import KINDS
 from tests.cli.runner import invoke
+from tests.cli.test_cli import ROOT
 from tests.outbox.flows import Order, order_flow
 from tests.postgres.support import PG_DSN, drop_schema
+
+FLOWS = "tests.cli.wait_flows:FLOWS"
 
 
 @dataclass(frozen=True)
@@ -215,3 +222,72 @@ def test_a_read_command_on_a_missing_schema_is_not_found_as_before(fleet: Fleet)
     code, _, err = invoke("list", "--db", missing)
     assert code == 3, err
     assert "flowx migrate" in err
+
+
+async def test_a_migration_runs_as_the_owner_role_and_renews_the_grants(fleet: Fleet) -> None:
+    """R9.8: with the schema one migration behind, the worker role may not migrate it (a
+    clear error naming `flowx migrate`); the owner's login migrates it as the owner role, and
+    the grants — one revoked here — are renewed in the same transaction."""
+    s = sql.Identifier(fleet.schema)
+    with psycopg.connect(PG_DSN, autocommit=True) as conn:
+        conn.execute(sql.SQL("ALTER TABLE {}.outbox_event DROP COLUMN trace_context").format(s))
+        conn.execute(sql.SQL("DELETE FROM {}.flowx_schema_migrations WHERE version = 14").format(s))
+        conn.execute(
+            sql.SQL("REVOKE INSERT ON {}.flow_step FROM {}").format(
+                s, sql.Identifier(f"{fleet.schema}_worker")
+            )
+        )
+    worker = postgres(fleet.url("worker"))
+    with pytest.raises(StorePermissionDenied, match="flowx migrate") as refused:
+        await worker.open()
+    await worker.close()
+    assert "must be owner" in refused.value.refused
+    owner = postgres(fleet.url("owner"))
+    await owner.open()
+    await owner.close()
+    grants = _privileges(fleet.schema)
+    assert ("flow_step", f"{fleet.schema}_worker", "INSERT") in grants
+    with psycopg.connect(PG_DSN, autocommit=True) as conn:
+        owners = conn.execute(
+            "SELECT DISTINCT c.relowner::regrole::text FROM pg_class c JOIN pg_namespace n "
+            "ON n.oid = c.relnamespace WHERE n.nspname = %s",
+            (fleet.schema,),
+        ).fetchall()
+    assert owners == [(f"{fleet.schema}_owner",)]
+    worker = postgres(fleet.url("worker"))
+    await worker.open()  # current again: opens with no DDL
+    await worker.close()
+
+
+def test_flowx_worker_runs_a_started_flow_as_the_worker_role(fleet: Fleet) -> None:
+    """R9.8: `flowx start` and `flowx worker` (sweeps off: that is the retention role's) as
+    the worker role; `flowx result` as the reader sees it complete."""
+    code, out, err = invoke(
+        "start", "cli.saga", "--db", fleet.url("worker"), "--flows", FLOWS,
+        "--input", '{"order_id": "w1"}', "-o", "json",
+    )  # fmt: skip
+    assert code == 0, err
+    iid = json.loads(out)["instance_id"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}
+    env.pop("FLOWX_CLI_FAULTS", None)
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "flowx.cli.main", "worker", "--db", fleet.url("worker"),
+            "--flows", FLOWS, "--no-retention", "--recovery-scan-interval", "1s",
+            "--shutdown-drain-timeout", "5s",
+        ],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        code, out, err = invoke(
+            "result", iid, "--db", fleet.url("reader"), "--wait", "30", "-o", "json"
+        )
+        assert code == 0, err
+        assert json.loads(out)["state"] == "Completed"
+        proc.send_signal(signal.SIGTERM)
+        _, log = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, log
+    assert "permission denied" not in log
