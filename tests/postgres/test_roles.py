@@ -174,6 +174,8 @@ def test_the_reader_lists_shows_and_counts_and_is_refused_a_write(fleet: Fleet) 
     assert invoke("show", iid, "--db", reader)[0] == 0
     code, out, err = invoke("count", "--db", reader, "-o", "json")
     assert code == 0, err
+    code, out, err = invoke("doctor", "--db", reader, "-o", "json")
+    assert "permission" not in err and json.loads(out)["store"]["schema_version"], err
     code, out, err = invoke(
         "retention", "set", "--class", "Failed", "--keep", "1d", "--db", reader, "-o", "json"
     )
