@@ -1,4 +1,5 @@
-"""The connection pool, its session settings, error translation and the migration runner.
+"""The connection pool, its session settings and error translation (the open-time schema
+check and the migration runner are in ``schema.py``).
 
 Session settings defend against the hazards measured on this machine: a dead worker's
 transaction must not hold an instance's row lock for ever (``idle_in_transaction_session_
