@@ -143,16 +143,41 @@ def test_the_retention_role_sets_a_policy_and_sweeps(fleet: Fleet) -> None:
         "retention", "set", "--class", "Completed", "--keep", "1m", "--db", fleet.url("retention")
     )
     assert code == 0, err
-    with psycopg.connect(PG_DSN, autocommit=True) as conn:  # age what the worker finished
+    s = sql.Identifier(fleet.schema)
+    iid = str(uuid.uuid4())
+    with psycopg.connect(PG_DSN, autocommit=True) as conn:  # one ended an hour ago, a step
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {}.flow_instance (instance_id, flow_id, flow_version, state, input, "
+                "state_bag, created_at, updated_at) VALUES (%s, 'shop.order', '1.0.0', "
+                "'Completed', '{{}}', '{{}}', now() - interval '2 hours', "
+                "now() - interval '1 hour')"
+            ).format(s),
+            (iid,),
+        )
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {}.flow_step (instance_id, scope, step_id, attempt, sequence, "
+                "step_name, outcome, result, duration_ms, committed_at) VALUES "
+                "(%s, '', 0, 1, 1, 'accept', 'Success', '1', 1, now() - interval '1 hour')"
+            ).format(s),
+            (iid,),
+        )
+        # ...and whatever the worker finished earlier in this module, aged the same way.
         ended = conn.execute(
             sql.SQL(
                 "UPDATE {}.flow_instance SET updated_at = now() - interval '1 hour' "
                 "WHERE state = 'Completed'"
-            ).format(sql.Identifier(fleet.schema))
+            ).format(s)
         ).rowcount
     code, out, err = invoke("retention", "sweep", "--db", fleet.url("retention"), "-o", "json")
     assert code == 0, err
-    assert json.loads(out)["deleted"] == ended
+    assert json.loads(out)["deleted"] == ended >= 1
+    with psycopg.connect(PG_DSN, autocommit=True) as conn:
+        steps = conn.execute(
+            sql.SQL("SELECT count(*) FROM {}.flow_step WHERE instance_id = %s").format(s), (iid,)
+        ).fetchone()
+    assert steps == (0,)  # the cascade ran, though the role may not delete steps itself
 
 
 def test_the_reader_lists_shows_and_counts_and_is_refused_a_write(fleet: Fleet) -> None:
