@@ -77,6 +77,7 @@ from flowx.stores.errors import (
     NotAFlowXStore,
     SchemaTooNew,
     StoreError,
+    StorePermissionDenied,
 )
 from flowx.stores.records import InstanceState, Outcome, SignalReceipt
 from flowx.urls import BadURL
@@ -144,6 +145,7 @@ __all__ = [
     "StepContext",
     "StopOutcome",
     "StoreError",
+    "StorePermissionDenied",
     "SweepReport",
     "SystemClock",
     "__version__",

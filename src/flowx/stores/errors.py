@@ -78,6 +78,22 @@ class StoreMisconfigured(StoreError):
     code = "store.misconfigured"
 
 
+class StorePermissionDenied(StoreMisconfigured):
+    """The server refused an operation to the role (or Redis user) FlowX logged in as (R9.8).
+
+    A configuration fault, not an outage: the same call fails the same way until an operator
+    grants the privilege, so it is never retried. The message names the login, what was
+    refused and the grant (or group role) that would allow it; ``login`` and ``refused``
+    carry the same facts for a program."""
+
+    code = "store.permission_denied"
+
+    def __init__(self, message: str, *, login: str | None, refused: str) -> None:
+        super().__init__(message)
+        self.login = login
+        self.refused = refused
+
+
 class LeaseUnavailable(StoreError):
     """The lease store cannot be reached. Retryable; no new durable work starts meanwhile."""
 

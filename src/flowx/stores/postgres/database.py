@@ -1,4 +1,5 @@
-"""The connection pool, its session settings, error translation and the migration runner.
+"""The connection pool, its session settings and error translation (the open-time schema
+check and the migration runner are in ``schema.py``).
 
 Session settings defend against the hazards measured on this machine: a dead worker's
 transaction must not hold an instance's row lock for ever (``idle_in_transaction_session_
@@ -27,27 +28,22 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
-from psycopg import AsyncConnection, sql
+from psycopg import AsyncConnection
 from psycopg.types.string import TextLoader
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from flowx.errors import JournalNotFound
-from flowx.stores import migrations
 from flowx.stores.errors import (
     JournalNoAnswer,
     JournalUnavailable,
-    NotAFlowXStore,
-    SchemaNotMigrated,
-    SchemaTooNew,
     StoreMisconfigured,
 )
+from flowx.stores.postgres.denials import denied
+from flowx.stores.postgres.schema import MIGRATIONS as MIGRATIONS
+from flowx.stores.postgres.schema import SCHEMA_VERSION as SCHEMA_VERSION
+from flowx.stores.postgres.schema import apply as apply
+from flowx.stores.postgres.schema import check_and_migrate
 from flowx.urls import check_schema
 from flowx.urls import redact as redact_url
-
-MIGRATIONS = migrations.load("flowx.stores.postgres")
-SCHEMA_VERSION = MIGRATIONS[-1].version
-#: Serialises migrators across processes (pg_advisory_xact_lock key: "FLWX").
-_MIGRATION_LOCK = 0x464C5758
 
 
 def redact(dsn: str) -> str:
@@ -258,9 +254,13 @@ class PostgresDatabase:
         The block is bounded by ``round_trip_timeout`` unless ``bounded`` is off (migrations,
         and an outbox claim, which the server bounds with its idle-in-transaction timeout)."""
         limit = self.round_trip_timeout if bounded else None
+        login: str | None = None
         try:
             async with self.pool.connection() as conn, deadline(conn, limit, self.where()):
+                login = conn.info.user
                 yield conn
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise denied(exc, login=login, schema=self.schema, where=self.where()) from exc
         except (psycopg.OperationalError, PoolTimeout, psycopg.errors.AdminShutdown) as exc:
             raise unavailable(self.dsn, exc) from exc
         except psycopg.errors.QueryCanceled as exc:
@@ -301,52 +301,9 @@ class PostgresDatabase:
         return exc
 
     async def _check_and_migrate(self, migrate: bool) -> None:
-        async with self.connection(bounded=False) as conn, conn.transaction():
-            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
-            await conn.execute(
-                sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema))
-            )
-            tables = {
-                r[0]
-                for r in await (
-                    await conn.execute(
-                        "SELECT table_name FROM information_schema.tables WHERE table_schema = %s",
-                        (self.schema,),
-                    )
-                ).fetchall()
-            }
-            if tables and "flowx_schema_migrations" not in tables:
-                raise NotAFlowXStore(
-                    f"schema {self.schema!r} at {redact(self.dsn)} holds tables "
-                    f"({', '.join(sorted(tables)[:5])}…) but no FlowX journal; nothing was "
-                    "changed. Use another schema (schema=...) or database"
-                )
-            if not tables and not migrate:
-                # Rolled back with the CREATE SCHEMA above: looking creates nothing.
-                raise JournalNotFound(
-                    f"no FlowX journal in schema {self.schema!r} at {redact(self.dsn)}; "
-                    "nothing was created. Check --db (and its flowx_schema), or create the "
-                    "journal with `flowx migrate --db ...`"
-                )
-            if not tables:
-                await conn.execute(
-                    "CREATE TABLE flowx_schema_migrations (version integer PRIMARY KEY, "
-                    "name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
-                )
-            row = await (
-                await conn.execute("SELECT coalesce(max(version), 0) FROM flowx_schema_migrations")
-            ).fetchone()
-            current = int(row[0]) if row else 0
-            where = f"schema {self.schema!r} at {redact(self.dsn)}"
-            if current > SCHEMA_VERSION:
-                raise SchemaTooNew(where, current, SCHEMA_VERSION)
-            if current < SCHEMA_VERSION and not migrate:
-                raise SchemaNotMigrated(
-                    f"{where} is at schema {current}, this FlowX needs {SCHEMA_VERSION}; "
-                    "run `flowx migrate --db ...`"
-                )
-            for migration in MIGRATIONS[current:]:
-                await apply(conn, migration)
+        # Unbounded: a migration may take long; the session's timeouts still bound it.
+        async with self.connection(bounded=False) as conn:
+            await check_and_migrate(conn, self.schema, redact(self.dsn), migrate=migrate)
 
     async def schema_version(self) -> int:
         async with self.connection() as conn:
@@ -419,6 +376,17 @@ class DedicatedConnection:
                 self._used = time.monotonic()
                 async with deadline(conn, self._db.round_trip_timeout, self._db.where()):
                     yield conn
+            except psycopg.errors.InsufficientPrivilege as exc:
+                # The connection is sound; the role lacks a grant. Said plainly, not retried.
+                login = self._conn.info.user if self._conn is not None else None
+                await self._discard()
+                raise denied(
+                    exc,
+                    login=login,
+                    schema=self._db.schema,
+                    where=self._db.where(),
+                    job=self._job,
+                ) from exc
             except BaseException as exc:
                 await self._discard()
                 if isinstance(exc, psycopg.OperationalError | psycopg.errors.QueryCanceled):
@@ -439,12 +407,3 @@ class DedicatedConnection:
     async def close(self) -> None:
         async with self._lock:
             await self._discard()
-
-
-async def apply(conn: AsyncConnection[Any], migration: migrations.Migration) -> None:
-    """Run one migration file and record it, inside the caller's transaction."""
-    await conn.execute(migration.sql.encode())
-    await conn.execute(
-        "INSERT INTO flowx_schema_migrations (version, name) VALUES (%s, %s)",
-        (migration.version, migration.name),
-    )

@@ -36,7 +36,9 @@ from flowx.stores.postgres.notify import WORK, Listener, Notifier
 from flowx.stores.postgres.outbox import PostgresOutbox
 from flowx.stores.postgres.reads import SELECT_INSTANCE, BatchedReads
 from flowx.stores.postgres.retention import PostgresRetention
+from flowx.stores.postgres.roles import check_grants, check_prefix, create_roles, grant_logins
 from flowx.stores.postgres.rows import candidates
+from flowx.stores.postgres.schema import MIGRATION_LOCK
 from flowx.stores.postgres.stops import PostgresStops
 from flowx.stores.postgres.waits import PostgresWaits
 from flowx.stores.protocols import InstanceQuery
@@ -481,6 +483,22 @@ class PostgresStores:
         except BaseException:
             await self.db.close()
             raise
+
+    async def create_roles(
+        self, *, prefix: str | None = None, grants: Sequence[tuple[str, str]] = ()
+    ) -> dict[str, Any]:
+        """Create this schema's least-privilege group roles (``flowx migrate --roles``,
+        R9.8), hand the schema to the owner role and grant the others; then make each
+        ``(kind, login)`` of ``grants`` a member and set its timeouts. Idempotent, one
+        transaction, serialised with migrations. Needs a superuser, or a login with
+        CREATEROLE that owns the schema."""
+        chosen = check_prefix(prefix if prefix is not None else self.db.schema)
+        checked = check_grants(grants)
+        async with self.db.connection(bounded=False) as conn, conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+            roles = await create_roles(conn, self.db.schema, chosen)
+            logins = await grant_logins(conn, chosen, checked)
+        return {"roles": roles, "logins": logins}
 
     async def wait_work(self, timeout: float) -> bool:
         """``WorkWakeups``: wait for another process's NOTIFY that an instance became

@@ -25,11 +25,12 @@ import dataclasses
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
+from urllib.parse import urlsplit
 
 from redis import asyncio as aioredis
 from redis import exceptions as redis_errors
 
-from flowx.stores.errors import LeaseUnavailable
+from flowx.stores.errors import LeaseUnavailable, StorePermissionDenied
 from flowx.stores.records import Lease
 from flowx.stores.renewal import renew_one
 from flowx.urls import BadURL, redact
@@ -109,6 +110,12 @@ return 0
 )
 
 _CONNECTION_ERRORS = (redis_errors.ConnectionError, redis_errors.TimeoutError)
+#: What Redis says when an ACL refuses a command or key: NOPERM for one sent directly, and
+#: this for one a script calls (R9.8).
+_SCRIPT_REFUSED: Final = "The user executing the script can't"
+#: The commands and keys the lease store needs, for the message of a refusal (README,
+#: Security: Database roles, has the whole ``ACL SETUSER`` line).
+ACL_COMMANDS: Final = "+ping +time +hmget +hset +pexpire +evalsha +script|load +select"
 _ATTEMPTS = 3
 
 
@@ -201,6 +208,10 @@ class RedisLeaseStore:
         for attempt in range(_ATTEMPTS):
             try:
                 return await fn(*args, **kwargs)
+            except redis_errors.ResponseError as exc:
+                if isinstance(exc, redis_errors.NoPermissionError) or _SCRIPT_REFUSED in str(exc):
+                    raise self._denied(exc) from exc
+                raise
             except _CONNECTION_ERRORS as exc:
                 if attempt + 1 < _ATTEMPTS:
                     await asyncio.sleep(0.02 * 2**attempt)
@@ -211,6 +222,18 @@ class RedisLeaseStore:
             f"({type(failure).__name__}: {failure}); retry when it is back"
         )
         raise error from failure
+
+    def _denied(self, exc: redis_errors.ResponseError) -> StorePermissionDenied:
+        """An ACL refusal as a FlowX error naming the user and the ACL it needs (R9.8)."""
+        login = urlsplit(self._url).username or "default"
+        refused = " ".join(str(exc).split())
+        return StorePermissionDenied(
+            f"Redis user {login!r} at {self._where} was refused: {refused}. The lease store "
+            f"needs: ACL SETUSER {login} ~{self._prefix}:lease:* resetchannels -@all "
+            f"{ACL_COMMANDS} (README, Security: Database roles)",
+            login=login,
+            refused=refused,
+        )
 
     async def acquire(
         self,
