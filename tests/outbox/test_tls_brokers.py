@@ -26,7 +26,6 @@ import pytest
 from flowx.hosting.stores import redis_leases
 from flowx.outbox import NatsJetStreamPublisher, RabbitMQPublisher, RedisStreamsPublisher
 from flowx.outbox.urls import publisher_from_url
-from flowx.stores.errors import LeaseUnavailable
 from flowx.stores.records import EventRecord
 from flowx.urls import BadURL
 from tests.support.servers import free_port, port_open
@@ -104,7 +103,16 @@ async def test_a_redis_server_certificate_from_another_ca_is_refused(
 ) -> None:
     store = redis_leases(_rediss(redis_tls, pki, ca=pki.wrong_ca), socket_timeout=2.0)
     try:
-        with pytest.raises(LeaseUnavailable, match="certificate verify failed"):
+        with pytest.raises(BadURL, match=r"certificate verify failed.*check ssl_ca_certs"):
+            await store.open()
+    finally:
+        await store.close()
+
+
+async def test_a_redis_tls_file_that_is_not_there_is_bad_url(redis_tls: int, pki: PKI) -> None:
+    store = redis_leases(_rediss(redis_tls, pki, ca=Path("/nonexistent/ca.crt")))
+    try:
+        with pytest.raises(BadURL, match=r"No such file.*check ssl_ca_certs"):
             await store.open()
     finally:
         await store.close()
