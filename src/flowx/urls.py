@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Final
-from urllib.parse import SplitResult, parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import SplitResult, parse_qsl, unquote_plus, urlsplit
 
 from flowx.errors import FlowXError
 
@@ -122,10 +123,8 @@ def _check_conninfo(url: str) -> None:
     except ImportError:  # the store itself says psycopg is missing
         return
     parts = split(url, "PostgreSQL")
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    own = urlencode([(k, v) for k, v in query if not k.startswith("flowx_")])
     try:
-        conninfo_to_dict(urlunsplit(parts._replace(query=own)) if parts.scheme else url)
+        conninfo_to_dict(take_params(url, own)[0] if parts.scheme else url)
     except ProgrammingError as exc:
         shown = redact(url)
         # libpq's message may quote part of the DSN ("missing = after "pw""): a quoted
@@ -137,6 +136,37 @@ def _check_conninfo(url: str) -> None:
             " ".join(str(exc).split()),
         )
         raise BadURL(f"PostgreSQL URL {shown!r} is not valid: {detail}", url=shown) from exc
+
+
+def own(name: str) -> bool:
+    """A query parameter FlowX reads itself (``flowx_schema``, ``flowx_prefix``): no driver
+    knows it, so it is taken off before the URL is handed on."""
+    return name.startswith("flowx_")
+
+
+def take_params(url: str, taken: Callable[[str], bool]) -> tuple[str, dict[str, str]]:
+    """Split the query parameters ``taken`` names off ``url``; return the URL handed to the
+    driver and the values taken (the last of each name wins).
+
+    Every other byte of the URL is kept exactly as written. Decoding the query and encoding it
+    again is not neutral: ``urlencode`` writes a space as ``+``, which libpq reads as a plus
+    (``sslrootcert=/etc/my%20certs/ca.pem`` would name a file that does not exist), and
+    ``urlunsplit`` turns ``postgresql:///db`` (no host: a Unix socket) into ``postgresql:/db``.
+    The split follows ``urlsplit``: the fragment starts at the first ``#``, the query at the
+    first ``?`` before it, parameters are separated by ``&``.
+    """
+    base, hash_sign, fragment = url.partition("#")
+    head, question, query = base.partition("?")
+    kept: list[str] = []
+    values: dict[str, str] = {}
+    for piece in query.split("&") if query else []:
+        name, _, value = piece.partition("=")
+        if taken(unquote_plus(name)):
+            values[unquote_plus(name)] = unquote_plus(value)
+        else:
+            kept.append(piece)
+    rest = "&".join(kept)
+    return f"{head}{question if rest else ''}{rest}{hash_sign}{fragment}", values
 
 
 def _secrets(url: str) -> set[str]:

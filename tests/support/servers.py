@@ -75,12 +75,17 @@ class ThrowawayPostgres:
             **(settings or {}),
         }
 
-    def start(self) -> None:
+    def init(self) -> None:
+        """``initdb`` the cluster if it is not there yet; a caller may then change its files
+        (``pg_hba.conf``, certificates) before ``start()``."""
         if not self.data.exists():
             _as_postgres(
                 str(self.bin / "initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres",
                 "-E", "UTF8", "--no-sync",
             )  # fmt: skip
+
+    def start(self) -> None:
+        self.init()
         options = f"-p {self.port} -k {self.dir} " + " ".join(
             f"-c {k}={v}" for k, v in self.settings.items()
         )

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from flowx.errors import FlowXError
 from flowx.stores.memory import MemoryStores
@@ -18,7 +17,15 @@ from flowx.stores.paired import with_leases
 __all__ = ["from_url", "memory", "postgres", "redis_leases", "sqlite", "with_leases"]
 from flowx.stores.protocols import Stores
 from flowx.stores.sqlite import SqliteStores
-from flowx.urls import BadURL, check_postgres, check_redis, check_sqlite_path, check_text, redact
+from flowx.urls import (
+    BadURL,
+    check_postgres,
+    check_redis,
+    check_sqlite_path,
+    check_text,
+    redact,
+    take_params,
+)
 
 DEFAULT_URL = "sqlite:///flowx.db"
 
@@ -36,12 +43,10 @@ def memory() -> MemoryStores:
 
 
 def _take_param(url: str, name: str) -> tuple[str, str | None]:
-    """Split FlowX's own query parameter off a server URL (the driver would refuse it)."""
-    parts = urlsplit(url)
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    named = [v for k, v in query if k == name]
-    rest = [(k, v) for k, v in query if k != name]
-    return urlunsplit(parts._replace(query=urlencode(rest))), (named[-1] if named else None)
+    """Split FlowX's own query parameter off a server URL (the driver would refuse it),
+    leaving the rest of the URL (``sslrootcert=``, ``ssl_ca_certs=``, ...) as written."""
+    clean, values = take_params(url, lambda key: key == name)
+    return clean, values.get(name)
 
 
 def postgres(dsn: str, *, schema: str | None = None, migrate: bool = True, **pool: Any) -> Stores:

@@ -11,6 +11,12 @@ its duplicate window; outside it consumers deduplicate by ``event_id``.
 A stream at its message limit with ``discard: new`` (error 10077) refuses for now: transient,
 as are a timeout and a lost connection. No stream for the subject and a message over the
 server's payload limit are permanent. The publisher never creates streams: operators do.
+
+TLS: nats-py takes an ``ssl.SSLContext``, not file names, so the URL carries FlowX's own
+``tls_ca=``, ``tls_cert=`` and ``tls_key=`` (PEM files), taken off before nats-py sees the URL.
+With any of them, or the ``tls://`` scheme, the context verifies the server's certificate and
+host name (against ``tls_ca``, else the system's CAs) and presents the client certificate; a
+server that does not then require TLS is refused rather than spoken to in clear.
 """
 
 from __future__ import annotations
@@ -18,11 +24,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import ssl
 from collections.abc import Sequence
 from typing import Any
 
 from flowx.outbox.publisher import PublishFailure, PublishResult, headers
 from flowx.stores.records import EventRecord
+from flowx.urls import BadURL, redact, take_params
+
+#: FlowX's own query parameters of a NATS URL: PEM files for the TLS context.
+TLS_PARAMS = ("tls_ca", "tls_cert", "tls_key")
 
 #: JetStream error codes a later attempt can clear: the stream is at ``max_msgs`` with
 #: ``discard: new``. Any 5xx (the server reports 503 for that too, or no leader) is transient.
@@ -35,7 +46,10 @@ class NatsJetStreamPublisher:
     def __init__(
         self, url: str, *, subject_prefix: str = "flowx.events", timeout: float = 5.0
     ) -> None:
-        self.url = url
+        self.url, self._tls_files = take_params(url, lambda key: key in TLS_PARAMS)
+        self._wants_tls = bool(self._tls_files) or self.url.startswith("tls://")
+        if self._wants_tls:
+            tls_context(url, self._tls_files)  # a missing or bad file is refused now
         self.subject_prefix = subject_prefix
         self._timeout = timeout
         self._nc: Any = None
@@ -65,6 +79,8 @@ class NatsJetStreamPublisher:
             # No background reconnecting: a closed client is replaced on the next publish.
             # ``max_reconnect_attempts=0`` would make the first connect retry a dead server
             # forever; 1 gives up after a second refused attempt.
+            # The context is built at each connect, so renewed certificate files are read.
+            tls = tls_context(self.url, self._tls_files) if self._wants_tls else None
             self._nc = await nats.connect(
                 self.url,
                 connect_timeout=max(1, round(self._timeout)),
@@ -72,7 +88,15 @@ class NatsJetStreamPublisher:
                 max_reconnect_attempts=1,
                 reconnect_time_wait=0.1,
                 error_cb=quiet,
+                **({"tls": tls} if tls is not None else {}),
             )
+            # nats-py upgrades to TLS only when the server's INFO asks for it; asked for TLS
+            # and not given it, the connection is not used.
+            if tls is not None and not self._nc._server_info.get("tls_required"):
+                await self._drop()
+                raise ConnectionError(
+                    f"NATS at {redact(self.url)} does not require TLS, which the URL asks for"
+                )
         return self._nc
 
     async def _drop(self) -> None:
@@ -136,6 +160,31 @@ class NatsJetStreamPublisher:
         if self._nc is not None and not self._nc.is_connected:
             await self._drop()
         return result
+
+
+def tls_context(url: str, files: dict[str, str]) -> ssl.SSLContext:
+    """The context ``tls_ca``/``tls_cert``/``tls_key`` name: verifying the server (against
+    ``tls_ca``, else the system's CAs) and presenting the client certificate; ``BadURL`` when
+    a file cannot be read or the certificate and key do not match."""
+    if ("tls_cert" in files) != ("tls_key" in files):
+        raise BadURL(
+            f"NATS URL {redact(url)!r}: tls_cert and tls_key go together (the client "
+            "certificate and its private key)",
+            url=redact(url),
+            code="outbox.bad_publisher_url",
+        )
+    try:
+        context = ssl.create_default_context(cafile=files.get("tls_ca"))
+        if "tls_cert" in files:
+            context.load_cert_chain(files["tls_cert"], files["tls_key"])
+    except (OSError, ssl.SSLError) as exc:
+        raise BadURL(
+            f"NATS URL {redact(url)!r}: the TLS files cannot be used ({exc}); check tls_ca, "
+            "tls_cert and tls_key",
+            url=redact(url),
+            code="outbox.bad_publisher_url",
+        ) from exc
+    return context
 
 
 def _settle(ack: asyncio.Future[None], msg: Any) -> None:

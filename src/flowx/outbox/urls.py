@@ -9,13 +9,13 @@ from flowx.urls import BadURL, check_redis, check_text, redact, split
 _CODE = "outbox.bad_publisher_url"
 _USAGE = (
     "cannot publish to {url!r}: use redis://host:6379/0, amqp://user:pass@host:5672/ "
-    "or nats://host:4222"
+    "or nats://host:4222 (TLS: rediss://, amqps://, tls://)"
 )
 
 
 def publisher_from_url(url: str) -> EventPublisher:
-    """``redis://…`` (Redis Streams), ``amqp://…`` (RabbitMQ), ``nats://…`` (JetStream);
-    several, comma-separated, publish to each (``FanOutPublisher``)."""
+    """``redis://…`` (Redis Streams), ``amqp://…`` (RabbitMQ), ``nats://…`` or ``tls://…``
+    (JetStream); several, comma-separated, publish to each (``FanOutPublisher``)."""
     check_text(url, "publisher")  # NUL, bytes that are not UTF-8
     parts = [u.strip() for u in url.split(",") if u.strip()]
     if not parts:
@@ -33,7 +33,7 @@ def publisher_from_url(url: str) -> EventPublisher:
         from flowx.outbox.rabbitmq import RabbitMQPublisher
 
         return RabbitMQPublisher(url)
-    if scheme == "nats":
+    if scheme in ("nats", "tls"):
         from flowx.outbox.nats_jetstream import NatsJetStreamPublisher
 
         return NatsJetStreamPublisher(url)

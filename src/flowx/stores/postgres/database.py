@@ -52,21 +52,46 @@ def redact(dsn: str) -> str:
 
 
 #: What a server says at connect time when the configuration, not the network, is wrong.
+#: (``no pg_hba.conf entry ..., no encryption``: the URL asked for no TLS where it is required.)
 _MISCONFIGURED = re.compile(
     r'(database|role) "[^"]*" does not exist|password authentication failed|'
-    r"no pg_hba\.conf entry"
+    r"no pg_hba\.conf entry[^\n]*"
+)
+#: What libpq or the server says when TLS cannot be set up as the URL asks: a certificate
+#: signed by a CA the other side does not trust, a name that does not match, a file that is
+#: missing or unreadable, a client certificate the server requires and did not get. Never a
+#: network fault (an ``SSL SYSCALL error`` or an EOF mid-handshake is not matched): those are
+#: retried as an unavailable journal.
+_TLS_MISCONFIGURED = re.compile(
+    r"certificate verify failed|alert unknown ca|alert (?:bad|unsupported) certificate|"
+    r"alert certificate (?:expired|revoked|unknown|required)|does not match host name|"
+    r"root certificate file .* does not exist|certificate present, but not private key|"
+    r"could not (?:open|read|load|access) [\w ]*(?:certificate|key|revocation list) file|"
+    r"private key file .* (?:has group or world access|must be owned)|"
+    r"requires a valid client certificate|certificate authentication failed|"
+    r"server does not support SSL|invalid ssl\w* value|could not get server's host name"
 )
 
 
 def misconfigured(dsn: str, exc: BaseException) -> StoreMisconfigured | None:
-    """``StoreMisconfigured`` if the server refused the connection for its configuration."""
-    found = _MISCONFIGURED.search(str(exc))
-    if found is None:
+    """``StoreMisconfigured`` if the server refused the connection for its configuration, or
+    TLS could not be set up as the URL asks (the whole of libpq's message is kept then: it
+    names the file or the check that failed)."""
+    text = " ".join(str(exc).split())
+    if _TLS_MISCONFIGURED.search(text):
+        detail = text.rsplit(" failed: ", 1)[-1]
+        error = StoreMisconfigured(
+            f"PostgreSQL at {redact(dsn)}: TLS could not be set up: {detail}. Check sslmode, "
+            "sslrootcert (the CA that signed the server's certificate), sslcert and sslkey "
+            "in the URL (--db / FLOWX_DATABASE_URL); retrying will not help"
+        )
+    elif found := _MISCONFIGURED.search(str(exc)):
+        error = StoreMisconfigured(
+            f"PostgreSQL at {redact(dsn)} refused the connection: {found.group(0)}. Fix the "
+            "URL (--db / FLOWX_DATABASE_URL) or create it; retrying will not help"
+        )
+    else:
         return None
-    error = StoreMisconfigured(
-        f"PostgreSQL at {redact(dsn)} refused the connection: {found.group(0)}. Fix the URL "
-        "(--db / FLOWX_DATABASE_URL) or create it; retrying will not help"
-    )
     error.__cause__ = exc
     return error
 
@@ -274,16 +299,47 @@ class PostgresDatabase:
             self.pool = self._new_pool()
         self._pool_spent = True
         try:
-            await self.pool.open(wait=True, timeout=self._connect_timeout)
+            await self._fill()
         except (PoolTimeout, psycopg.OperationalError) as exc:
             await self.pool.close()
             reason = await self._why_not(exc)
             raise misconfigured(self.dsn, reason) or unavailable(self.dsn, reason) from exc
+        except BaseException:
+            await self.pool.close()
+            raise
         try:
             await self._check_and_migrate(migrate)
         except BaseException:
             await self.pool.close()
             raise
+
+    async def _fill(self) -> None:
+        """Open the pool and, alongside, try one connection of its own. The pool retries a
+        refused connection until its timeout and then says only that it timed out; the lone
+        attempt hears the refusal at once. One the configuration causes (a server
+        certificate signed by another CA, a database that does not exist) fails the open
+        there and then, as ``StoreMisconfigured``; any other failure is left to the pool."""
+        filling = asyncio.ensure_future(self.pool.open(wait=True, timeout=self._connect_timeout))
+        asking = asyncio.ensure_future(self._refusal())
+        try:
+            await asyncio.wait((filling, asking), return_when=asyncio.FIRST_COMPLETED)
+            if asking.done() and (refusal := asking.result()) is not None:
+                raise refusal
+            await filling
+        finally:
+            for task in (filling, asking):
+                task.cancel()
+            await asyncio.gather(filling, asking, return_exceptions=True)
+
+    async def _refusal(self) -> StoreMisconfigured | None:
+        """The configuration error one direct connection attempt meets, if any."""
+        try:
+            async with asyncio.timeout(self._connect_timeout):
+                conn = await psycopg.AsyncConnection.connect(self.dsn, **self._kwargs)
+        except (psycopg.Error, TimeoutError, OSError) as exc:
+            return misconfigured(self.dsn, exc)
+        await conn.close()
+        return None
 
     async def _why_not(self, exc: BaseException) -> BaseException:
         """Why the pool could not fill: its ``PoolTimeout`` hides the server's answer

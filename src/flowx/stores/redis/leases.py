@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import re
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
@@ -116,6 +117,12 @@ _SCRIPT_REFUSED: Final = "The user executing the script can't"
 #: The commands and keys the lease store needs, for the message of a refusal (README,
 #: Security: Database roles, has the whole ``ACL SETUSER`` line).
 ACL_COMMANDS: Final = "+ping +time +hmget +hset +pexpire +evalsha +script|load +select"
+#: What ``ssl`` says when verification, not the network, failed.
+_TLS_REFUSED = re.compile(
+    r"CERTIFICATE_VERIFY_FAILED|certificate verify failed|alert unknown ca|"
+    r"alert (?:bad|unsupported) certificate|alert certificate (?:expired|revoked|required)|"
+    r"PEM lib"
+)
 _ATTEMPTS = 3
 
 
@@ -183,6 +190,19 @@ class RedisLeaseStore:
         self._release = self._client.register_script(_RELEASE)
         try:
             await self._call(self._client.ping)
+        except LeaseUnavailable as exc:
+            # TLS the URL's files cannot set up (a server certificate from another CA, a
+            # file that is not there) is not an outage: no retry mends it. Over TCP, "no such
+            # file" can only be one of the certificate files.
+            cause = str(exc.__cause__)
+            missing = self._url.startswith("rediss://") and "No such file or directory" in cause
+            if not (missing or _TLS_REFUSED.search(cause)):
+                raise
+            raise BadURL(
+                f"Redis lease store {redact(self._url)!r}: TLS could not be set up "
+                f"({exc.__cause__}); check ssl_ca_certs, ssl_certfile and ssl_keyfile",
+                url=redact(self._url),
+            ) from exc
         except (redis_errors.ResponseError, redis_errors.AuthenticationError) as exc:
             # Not a fault a retry mends: a database index the server does not have, a wrong
             # password. Said once, with the URL's secrets redacted.
