@@ -48,7 +48,7 @@ from enum import Enum
 from typing import Any, Final, TypeVar
 from uuid import UUID
 
-from pydantic import BaseModel, SecretBytes, SecretStr, TypeAdapter
+from pydantic import BaseModel, TypeAdapter
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from flowx import sealing as _sealing
@@ -134,7 +134,7 @@ def _encode(value: Any, root: str, at: str | None = None) -> str:
                 f"{root} ({type(value).__name__}) has no JSON form ({exc}); {_WHAT_TO_DO}",
                 path=root,
             ) from exc
-        plain = _Sealer(_SEALING.get(), root if at is None else f"{root}:{at}").plain(
+        plain = _sealing.Sealer(_SEALING.get(), root if at is None else f"{root}:{at}").plain(
             value, plain, root
         )
     try:
@@ -174,7 +174,7 @@ def loads(
             path=root,
         )
     where = root if at is None else f"{root}:{at}"
-    return _open(value, active, where, root, instance)
+    return _sealing.open_sealed(value, active, where, root, instance)
 
 
 def validate_model(
@@ -220,165 +220,6 @@ def scrub(text: str) -> str:
     message that quotes a card number is stored and logged without it (R9.8)."""
     active = _SEALING.get()
     return text if active is None or not active.seen else active.scrub(text)
-
-
-def masked(value: Any) -> Any:
-    """``value`` with every sealed envelope shown as ``**********``: what displays show."""
-    if isinstance(value, dict):
-        if _sealing.MARK in value:
-            return _sealing.MASK
-        return {k: masked(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [masked(v) for v in value]
-    return value
-
-
-def _open(value: Any, active: Sealing, where: str, path: str, instance: str | None) -> Any:
-    if isinstance(value, dict):
-        if _sealing.MARK in value:
-            raw = active.keyring.open(value, active.aad(where, path, instance))
-            kind = value.get("t")
-            if kind == _sealing.SEAL_BYTES:
-                return raw
-            opened = raw.decode("utf-8")
-            if kind == _sealing.SEAL_STR:
-                active.remember(opened)
-                return opened
-            member = json.loads(opened)
-            if isinstance(member, str):
-                active.remember(member)
-            return member
-        return {k: _open(v, active, where, f"{path}.{k}", instance) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_open(v, active, where, f"{path}[{i}]", instance) for i, v in enumerate(value)]
-    return value
-
-
-class _Sealer:
-    """Puts each sensitive member of ``value`` into its plain JSON form ``plain``, sealed,
-    and each ``exclude=True`` member, which pydantic leaves out (the flow's code needs it
-    when the instance resumes). Walks only models and the containers around them."""
-
-    __slots__ = ("active", "where")
-    #: The journal keeps ``exclude=True`` members; an event leaves them out as pydantic does.
-    keeps_excluded = True
-
-    def __init__(self, active: Sealing | None, where: str) -> None:
-        self.active = active
-        self.where = where
-
-    def plain(self, value: Any, plain: Any, path: str) -> Any:
-        if isinstance(value, SecretStr | SecretBytes):
-            secret = value.get_secret_value()
-            if isinstance(secret, str):
-                return self.seal(secret.encode(), _sealing.SEAL_STR, path, secret)
-            return self.seal(secret, _sealing.SEAL_BYTES, path, None)
-        if isinstance(value, BaseModel):
-            return self.model(value, plain, path)
-        if isinstance(value, list | tuple) and isinstance(plain, list):
-            if not any(isinstance(v, _WALKED) for v in value):
-                return plain
-            pairs = enumerate(zip(value, plain, strict=True))
-            return [self.plain(v, p, f"{path}[{i}]") for i, (v, p) in pairs]
-        if isinstance(value, dict) and isinstance(plain, dict):
-            if not any(isinstance(v, _WALKED) for v in value.values()):
-                return plain
-            return {
-                k: self.plain(value[k], p, f"{path}.{k}") if k in value else p
-                for k, p in plain.items()
-            }
-        return plain
-
-    def model(self, value: BaseModel, plain: Any, path: str) -> Any:
-        special = _sealing.members(type(value))
-        nested = _nested(type(value))
-        if not (special or nested) or not isinstance(plain, dict):
-            return plain
-        out = dict(plain)
-        for m in special:
-            if m.excluded and not self.keeps_excluded:
-                continue
-            v = getattr(value, m.name)
-            if m.excluded and m.seal is None:
-                out[m.key] = self.plain(v, to_jsonable_python(v), f"{path}.{m.key}")
-            elif m.seal is not None and v is not None:
-                out[m.key] = self.member(m, v, f"{path}.{m.key}")
-        for name, key in nested:
-            if key in out:
-                out[key] = self.plain(getattr(value, name), out[key], f"{path}.{key}")
-        return out
-
-    def member(self, m: _sealing.Member, v: Any, path: str) -> dict[str, str]:
-        if m.seal == _sealing.SEAL_JSON:
-            data = to_jsonable_python(v)
-            secret = data if isinstance(data, str) else None
-            return self.seal(_encoder.encode(data).encode(), m.seal, path, secret)
-        return self.plain(v, None, path)  # type: ignore[no-any-return]
-
-    def seal(self, data: bytes, kind: str, path: str, secret: str | None) -> dict[str, str]:
-        active = self.active
-        if active is None:
-            raise SerialisationError(
-                f"{path} is sensitive and this node has no encryption keys to seal it; "
-                "configure encryption_keys (FLOWX_ENCRYPTION_KEYS; `flowx keys generate`)",
-                code="keys.missing",
-                path=path,
-            )
-        if secret is not None:
-            active.remember(secret)
-        return active.keyring.seal(data, kind, active.aad(self.where, path))
-
-
-class _Redactor(_Sealer):
-    """The sealer's walk, with each sensitive member replaced by a mark instead."""
-
-    __slots__ = ("mark",)
-    keeps_excluded = False
-
-    def __init__(self, mark: str) -> None:
-        super().__init__(None, "")
-        self.mark = mark
-
-    def member(self, m: _sealing.Member, v: Any, path: str) -> Any:
-        return self.mark
-
-    def seal(self, data: bytes, kind: str, path: str, secret: str | None) -> Any:
-        return self.mark
-
-
-def redacted(value: Any, plain: Any, mark: str) -> Any:
-    """``plain`` (``value``'s JSON form) with each sensitive member of ``value``, at every
-    depth, replaced by ``mark``: what leaves the journal for a broker (R5.1)."""
-    return _Redactor(mark).plain(value, plain, "event")
-
-
-_WALKED: Final = (BaseModel, SecretStr, SecretBytes, list, tuple, dict)
-
-
-@functools.cache
-def _nested(cls: type[BaseModel]) -> tuple[tuple[str, str], ...]:
-    """The fields of ``cls`` (by name and stored key) whose declared type can hold a model
-    with special members: the only ones the sealer descends into."""
-    found = []
-    for name, info in cls.model_fields.items():
-        if _holds_special(info.annotation):
-            found.append((name, info.serialization_alias or info.alias or name))
-    return tuple(found)
-
-
-def _holds_special(tp: Any, seen: frozenset[Any] = frozenset()) -> bool:
-    if tp in seen:
-        return False
-    if tp is SecretStr or tp is SecretBytes:
-        return True
-    origin = typing.get_origin(tp)
-    if origin is not None:
-        return any(_holds_special(a, seen | {tp}) for a in typing.get_args(tp))
-    if isinstance(tp, type) and issubclass(tp, BaseModel):
-        return bool(_sealing.members(tp)) or any(
-            _holds_special(info.annotation, seen | {tp}) for info in tp.model_fields.values()
-        )
-    return False
 
 
 def text(value: str, *, root: str, code: str | None = None, context: str | None = None) -> str:

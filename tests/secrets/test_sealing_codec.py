@@ -10,7 +10,7 @@ import pytest
 from pydantic import BaseModel, Field, SecretBytes, SecretStr
 
 import flowx
-from flowx import codec
+from flowx import codec, sealing
 from flowx.errors import SerialisationError
 from flowx.sealing import MARK, MASK, Keyring, KeysError, Sealing, generate_key
 
@@ -135,7 +135,7 @@ def test_without_keys_a_sensitive_member_is_refused_never_stored_masked_or_clear
 def test_displays_show_sealed_members_masked() -> None:
     with codec.sealing(Sealing(_keys("k1"), "i-1")):
         text = codec.dumps(_payment(), root="input")
-    shown = codec.masked(codec.loads(text))
+    shown = sealing.masked(codec.loads(text))
     assert shown["card"] == {"pan": MASK, "pin": MASK}
     assert shown["billing"] == {"name": "Ada", "iban": MASK}
     assert shown["apiKey"] == MASK

@@ -8,6 +8,7 @@ parent's), the state a new row starts in.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -15,8 +16,9 @@ from pydantic import BaseModel, ValidationError
 
 from flowx import codec
 from flowx.errors import InputInvalid, SerialisationError
-from flowx.hosting.storable import partition_of, tenant_key
+from flowx.hosting.storable import partition_of, start_input, start_keys, tenant_key
 from flowx.plan.model import Plan, SubFlowNode
+from flowx.sealing import Sealing
 from flowx.stores.records import InstanceRecord, InstanceState, NewInstance
 from flowx.tracing import current_context
 from flowx.validation import field_errors, problems
@@ -30,6 +32,25 @@ def instance_id_for(plan: Plan, idempotency_key: str | None) -> str:
     if idempotency_key is None:
         return str(uuid.uuid4())
     return str(uuid.uuid5(INSTANCE_NAMESPACE, f"{plan.flow_id}\x00{idempotency_key}"))
+
+
+def started_input(
+    plan: Plan,
+    value: BaseModel,
+    sealing_of: Callable[[str], Sealing | None],
+    *,
+    idempotency_key: str | None,
+    correlation_id: str | None,
+) -> tuple[str, str]:
+    """A start's instance id and its input's stored text, sealed under that id (R9.8). The
+    keys are checked first: the id is derived from the idempotency key."""
+    start_keys(plan, idempotency_key=idempotency_key, correlation_id=correlation_id)
+    instance_id = instance_id_for(plan, idempotency_key)
+    with codec.sealing(sealing_of(instance_id)):
+        text = start_input(
+            plan, value, idempotency_key=idempotency_key, correlation_id=correlation_id
+        )
+    return instance_id, text
 
 
 def new_instance(

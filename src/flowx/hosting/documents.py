@@ -34,12 +34,12 @@ def payload(text: str | None) -> Any:
     Sealed members are shown as ``**********``: no display holds the keys (R9.8)."""
     if not text:
         return None
-    return codec.masked(codec.loads(text)) if sealing.MARK in text else codec.loads(text)
+    return sealing.masked(codec.loads(text)) if sealing.MARK in text else codec.loads(text)
 
 
 def shown(text: str) -> str:
     """A stored payload as text for a person: sealed members as ``**********`` (R9.8)."""
-    return codec.dumps(codec.masked(codec.loads(text))) if sealing.MARK in text else text
+    return codec.dumps(sealing.masked(codec.loads(text))) if sealing.MARK in text else text
 
 
 def instance_dict(r: InstanceRecord) -> dict[str, Any]:

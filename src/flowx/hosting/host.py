@@ -41,12 +41,7 @@ from flowx.hosting.archive import Archiver
 from flowx.hosting.catalog import PlanCatalog, refuse_unsealable
 from flowx.hosting.clock_offset import JournalClock
 from flowx.hosting.context import NodeContext
-from flowx.hosting.creation import (
-    INSTANCE_NAMESPACE,
-    instance_id_for,
-    new_instance,
-    validated_input,
-)
+from flowx.hosting.creation import INSTANCE_NAMESPACE, new_instance, started_input, validated_input
 from flowx.hosting.handle import FlowHandle
 from flowx.hosting.instance_runner import InstanceRunner
 from flowx.hosting.lease import LeaseKeeper
@@ -55,7 +50,7 @@ from flowx.hosting.retention import SweepReport
 from flowx.hosting.services import NodeServices
 from flowx.hosting.settings import HostSettings
 from flowx.hosting.stopping import StopOutcome, request_of
-from flowx.hosting.storable import signal_payload, start_input, start_keys, storable_id
+from flowx.hosting.storable import same_input, signal_payload, storable_id
 from flowx.hosting.threads import CapabilityThreads
 from flowx.hosting.timers import TimerService
 from flowx.names import name_problem, shown
@@ -346,12 +341,9 @@ class FlowHost:
         ctx.require_accepting()
         plan = self.plan(flow, version)
         value = validated_input(plan, input)
-        start_keys(plan, idempotency_key=idempotency_key, correlation_id=correlation_id)
-        instance_id = instance_id_for(plan, idempotency_key)
-        with codec.sealing(ctx.sealing(instance_id)):  # R9.8: bound to this instance
-            input_text = start_input(
-                plan, value, idempotency_key=idempotency_key, correlation_id=correlation_id
-            )
+        instance_id, input_text = started_input(
+            plan, value, ctx.sealing, idempotency_key=idempotency_key, correlation_id=correlation_id
+        )
         if not plan.durable:
             return await self._start_ephemeral(plan, value)
         stores = ctx.require_stores()
@@ -378,7 +370,9 @@ class FlowHost:
         return FlowHandle(self, plan, launched.instance_id, created=launched.created)
 
     def _existing(self, plan: Plan, record: InstanceRecord, input_text: str) -> FlowHandle[Any]:
-        if record.flow_id != plan.flow_id or not self._same_input(record, input_text):
+        if record.flow_id != plan.flow_id or not same_input(
+            self._ctx.sealing(record.instance_id), record, input_text
+        ):
             raise IdempotencyConflict(
                 f"idempotency key {record.idempotency_key!r} already started instance "
                 f"{record.instance_id} of {record.flow_id} with a different input; use a new "
@@ -391,17 +385,6 @@ class FlowHost:
     def sealing_for(self, instance_id: str) -> sealing.Sealing | None:
         """How this node seals and opens ``instance_id``'s sensitive members (R9.8)."""
         return self._ctx.sealing(instance_id)
-
-    def _same_input(self, record: InstanceRecord, input_text: str) -> bool:
-        """Whether a repeated start carries the input the first one stored. Sealed members
-        differ as text (each seal has its own nonce), so they are compared opened."""
-        if record.input == input_text:
-            return True
-        if sealing.MARK not in record.input:
-            return False
-        with codec.sealing(self._ctx.sealing(record.instance_id)):
-            opened = codec.loads(record.input, root="input")
-            return bool(opened == codec.loads(input_text, root="input"))
 
     async def _start_ephemeral(self, plan: Plan, value: BaseModel) -> FlowHandle[Any]:
         instance_id = str(uuid.uuid4())

@@ -14,6 +14,8 @@ from pydantic import BaseModel
 from flowx import codec
 from flowx.errors import InputInvalid, InputUnstorable, SerialisationError, SignalPayloadUnstorable
 from flowx.plan.model import Plan
+from flowx.sealing import MARK, Sealing
+from flowx.stores.records import InstanceRecord
 
 #: A start whose input (or idempotency key, correlation id, partition key) cannot be stored.
 INPUT_UNSTORABLE = InputUnstorable.code
@@ -40,6 +42,18 @@ def start_input(
     start_keys(plan, idempotency_key=idempotency_key, correlation_id=correlation_id)
     with _refused_as(InputUnstorable):
         return codec.dumps(value, root="input", context=whose)
+
+
+def same_input(sealing: Sealing | None, record: InstanceRecord, input_text: str) -> bool:
+    """Whether a repeated start carries the input the first one stored. Sealed members
+    differ as text (each seal has its own nonce), so they are compared opened (R9.8)."""
+    if record.input == input_text:
+        return True
+    if MARK not in record.input:
+        return False
+    with codec.sealing(sealing):
+        opened = codec.loads(record.input, root="input")
+        return bool(opened == codec.loads(input_text, root="input"))
 
 
 def start_keys(plan: Plan, *, idempotency_key: str | None, correlation_id: str | None) -> None:

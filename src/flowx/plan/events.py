@@ -19,7 +19,7 @@ from typing import Any, TypeVar, cast
 
 from pydantic import BaseModel
 
-from flowx import codec
+from flowx import codec, sealing
 from flowx.errors import FlowXError, SerialisationError
 
 M = TypeVar("M", bound=type[BaseModel])
@@ -43,7 +43,7 @@ class EventContract:
             plain = codec.to_json_value(event)
         except SerialisationError as exc:
             raise codec.refused(exc, whose, EMIT_UNSTORABLE) from exc
-        plain = _redact(codec.redacted(event, plain, REDACTED), self.sensitive)
+        plain = _redact(sealing.redacted(event, plain, REDACTED), self.sensitive)
         return codec.dumps(plain, root="event", code=EMIT_UNSTORABLE, context=whose)
 
 
