@@ -412,7 +412,10 @@ def _nested(cls: type[BaseModel]) -> tuple[tuple[str, str], ...]:
 
 
 def _holds_special(tp: Any, seen: frozenset[Any] = frozenset()) -> bool:
-    if tp in seen:
+    try:
+        if tp in seen:
+            return False
+    except TypeError:  # an unhashable annotation argument (a constraint object): no type
         return False
     if tp is SecretStr or tp is SecretBytes:
         return True
