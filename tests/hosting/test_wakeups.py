@@ -103,11 +103,12 @@ async def pair(store_url: str) -> AsyncIterator[tuple[Stores, Stores]]:
 
 async def _create_pending(stores: Stores, order_id: str) -> str:
     from flowx import codec
-    from flowx.hosting.creation import new_instance
+    from flowx.hosting.creation import instance_id_for, new_instance
 
     value = Order(order_id=order_id)
     new = new_instance(
-        shipping, value, codec.dumps(value, root="input"), idempotency_key=None,
+        shipping, value, codec.dumps(value, root="input"),
+        instance_id=instance_id_for(shipping, None), idempotency_key=None,
         correlation_id=None, run_here=False, now=flowx.SystemClock().now(),
     )  # fmt: skip
     await stores.journal.create(new, token=0, now=None)
