@@ -32,6 +32,7 @@ from psycopg.types.string import TextLoader
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from flowx.errors import JournalNotFound
+from flowx.redaction import guard_logs, redact
 from flowx.stores import migrations
 from flowx.stores.errors import (
     JournalNoAnswer,
@@ -42,17 +43,11 @@ from flowx.stores.errors import (
     StoreMisconfigured,
 )
 from flowx.urls import check_schema
-from flowx.urls import redact as redact_url
 
 MIGRATIONS = migrations.load("flowx.stores.postgres")
 SCHEMA_VERSION = MIGRATIONS[-1].version
 #: Serialises migrators across processes (pg_advisory_xact_lock key: "FLWX").
 _MIGRATION_LOCK = 0x464C5758
-
-
-def redact(dsn: str) -> str:
-    """A DSN fit for a log line: no password (``user:pw@``, ``://:pw@``, ``password=``)."""
-    return redact_url(dsn)
 
 
 #: What a server says at connect time when the configuration, not the network, is wrong.
@@ -78,7 +73,8 @@ def misconfigured(dsn: str, exc: BaseException) -> StoreMisconfigured | None:
 def unavailable(dsn: str, exc: BaseException) -> JournalUnavailable:
     error = JournalUnavailable(
         f"PostgreSQL at {redact(dsn)} is unavailable ({type(exc).__name__}: "
-        f"{' '.join(str(exc).split()) or 'no answer'}); retry when it is back"
+        f"{redact(' '.join(str(exc).split()), secrets_of=(dsn,), limit=None) or 'no answer'}); "
+        "retry when it is back"
     )
     error.__cause__ = exc
     return error
@@ -273,6 +269,7 @@ class PostgresDatabase:
             await self.pool.close()
             self.pool = self._new_pool()
         self._pool_spent = True
+        guard_logs("psycopg", "flowx")  # R9.8: a driver's line never shows the DSN's secrets
         try:
             await self.pool.open(wait=True, timeout=self._connect_timeout)
         except (PoolTimeout, psycopg.OperationalError) as exc:
