@@ -311,8 +311,10 @@ WORKER_CASES = {
         if "closed" not in k and "sqlite" not in k
     },
     "FLOWX_DATABASE_URL": ([], {"FLOWX_DATABASE_URL": STORE_URLS["no such role"]}),
-    "--leases": (["--leases", LEASE_URLS["no such user"]], {}),
-    "FLOWX_LEASES_URL": ([], {"FLOWX_LEASES_URL": LEASE_URLS["no scheme"]}),
+    # A lease store that refuses its user is waited for like a journal that is down (the
+    # in-process commands and the Python API cover that refusal): these are refused at once.
+    "--leases": (["--leases", LEASE_URLS["no scheme"]], {}),
+    "FLOWX_LEASES_URL": ([], {"FLOWX_LEASES_URL": LEASE_URLS["bad port"]}),
     "--publish": (["--publish", PUBLISH_URLS["rabbitmq, password in the query"]], {}),
     "--publish redis": (["--publish", PUBLISH_URLS["redis, no such user"]], {}),
     "FLOWX_PUBLISH_URL": ([], {"FLOWX_PUBLISH_URL": PUBLISH_URLS["no scheme"]}),
