@@ -5,7 +5,7 @@ A URL is configuration: a mistake in it (``postgresql://[::1``, ``?flowx_schema=
 ``BadURL`` naming what is wrong and what to write, rather than surfacing as a driver's
 ``ValueError`` traceback, a silently ignored part (redis-py reads ``/abc`` as database 0), or
 a node that reconnects for ever. Every message shows the URL with its secrets redacted
-(``redact``): these messages go to logs and terminals.
+(``flowx.redaction.redact``, re-exported here): these messages go to logs and terminals.
 """
 
 from __future__ import annotations
@@ -18,27 +18,26 @@ from typing import Final
 from urllib.parse import SplitResult, parse_qsl, unquote_plus, urlsplit
 
 from flowx.errors import FlowXError
+from flowx.redaction import redact
+
+__all__ = [
+    "SCHEMA_NAME",
+    "BadURL",
+    "check_postgres",
+    "check_redis",
+    "check_schema",
+    "check_sqlite_path",
+    "check_text",
+    "own",
+    "redact",
+    "split",
+    "take_params",
+]
 
 #: A PostgreSQL schema FlowX may keep its tables in: a lower-case SQL identifier, unquoted.
 SCHEMA_NAME: Final = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 #: Redis ``databases`` is an int in the server's config; anything outside it is a typo.
 _MAX_REDIS_DB: Final = 2**31 - 1
-#: Query and keyword parameters whose value is a secret.
-_SECRET_KEYS: Final = ("password", "passwd", "pass", "pwd", "sslpassword", "secret", "token")
-_SECRET_PARAM = re.compile(
-    r"(?i)(?P<key>(?:^|[?&;\s])(?:" + "|".join(_SECRET_KEYS) + r")\s*=\s*)"
-    # A quoted value (to the end if the quote is never closed), or words up to the next
-    # ``key=``: libpq reads ``password=abc def`` as a typo, but ``def`` may be a secret.
-    r"(?P<value>'(?:[^'\\]|\\.)*(?:'|$)"
-    r"|[^&;\s]+(?:\s+(?![A-Za-z_][A-Za-z0-9_]*\s*=)[^&;\s]+)*|)"
-)
-#: ``scheme://user:secret@`` and ``scheme://:secret@``: everything between the first ``:`` of
-#: the authority and its last ``@`` is the password (a password may itself hold ``@``).
-_USERINFO = re.compile(r"(?P<head>^[A-Za-z][A-Za-z0-9+.\-]*://[^/?#:@]*:)(?P<pw>[^/?#]*)(?=@)")
-#: The same when the password holds ``/``, ``?`` or ``#`` (the URL is then malformed, and
-#: quoted in an error): up to the last ``@``. It may hide more than the password; never less.
-_USERINFO_LOOSE = re.compile(r"(?P<head>^[A-Za-z][A-Za-z0-9+.\-]*://[^/?#:@]*:)(?P<pw>.*)(?=@)")
-_REDACTED: Final = "***"
 
 
 class BadURL(FlowXError):
@@ -52,18 +51,6 @@ class BadURL(FlowXError):
     def __init__(self, message: str, *, url: str, code: str | None = None) -> None:
         super().__init__(message, code=code)
         self.url = url
-
-
-def redact(url: str) -> str:
-    """``url`` with every password replaced by ``***``: ``user:pw@``, ``://:pw@``,
-    ``?password=pw`` and a keyword DSN's ``password=pw``. Clipped to one short line."""
-    shown, found = _USERINFO.subn(lambda m: m["head"] + _REDACTED, url)
-    if not found:
-        shown = _USERINFO_LOOSE.sub(lambda m: m["head"] + _REDACTED, url)
-    shown = _SECRET_PARAM.sub(lambda m: m["key"] + _REDACTED, shown)
-    shown = shown.encode("utf-8", "backslashreplace").decode("utf-8")
-    shown = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in shown)
-    return shown if len(shown) <= 200 else shown[:197] + "..."
 
 
 def split(url: str, what: str, *, code: str | None = None) -> SplitResult:
@@ -127,14 +114,9 @@ def _check_conninfo(url: str) -> None:
         conninfo_to_dict(take_params(url, own)[0] if parts.scheme else url)
     except ProgrammingError as exc:
         shown = redact(url)
-        # libpq's message may quote part of the DSN ("missing = after "pw""): a quoted
-        # fragment that is (a word of) a password is redacted.
-        secrets = _secrets(url)
-        detail = re.sub(
-            r'"([^"]*)"',
-            lambda m: f'"{_REDACTED}"' if m[1] in secrets else m[0],
-            " ".join(str(exc).split()),
-        )
+        # libpq's message may quote part of the DSN ("missing = after "pw""): every spelling
+        # of the URL's secrets, and a quoted word of one, is hidden.
+        detail = redact(" ".join(str(exc).split()), secrets_of=(url,), limit=None)
         raise BadURL(f"PostgreSQL URL {shown!r} is not valid: {detail}", url=shown) from exc
 
 
@@ -167,15 +149,6 @@ def take_params(url: str, taken: Callable[[str], bool]) -> tuple[str, dict[str, 
             kept.append(piece)
     rest = "&".join(kept)
     return f"{head}{question if rest else ''}{rest}{hash_sign}{fragment}", values
-
-
-def _secrets(url: str) -> set[str]:
-    """Every password ``url`` holds, and each word of it, to scrub from a driver's message."""
-    found = {m["pw"] for m in _USERINFO.finditer(url)}
-    found |= {m["pw"] for m in _USERINFO_LOOSE.finditer(url)}
-    found |= {m["value"].strip("'") for m in _SECRET_PARAM.finditer(url)}
-    words = {w for secret in found for w in secret.split()}
-    return {s for s in found | words if s}
 
 
 def check_schema(schema: object, url: str = "") -> str:

@@ -15,6 +15,7 @@ from flowx.hosting.settings import HostSettings
 from flowx.hosting.stores import from_url
 from flowx.hosting.worker import load_flows
 from flowx.plan.model import Plan
+from flowx.redaction import redact
 from flowx.stores.protocols import Stores
 
 
@@ -77,6 +78,7 @@ def _must_exist(url: str) -> None:
     path = Path(url.removeprefix("sqlite:///"))
     if not path.exists():
         raise JournalNotFound(
-            f"no journal at {path} (from --db {url}); a command that only reads never "
+            f"no journal at {redact(str(path))} (from --db {redact(url)}); a command that "
+            "only reads never "
             "creates one. Check --db, or create the journal with `flowx migrate --db ...`"
         )

@@ -145,10 +145,13 @@ def serve(
                     code="api.no_token",
                 )
             log.warning("the API asks for no token: anyone on this machine may use it")
+        # A store URL that cannot be used is one ``error:`` line, like every other command's,
+        # not a traceback: built before the socket is bound, so nothing is left listening.
+        store = from_url(db, leases=leases)
         sock = _bind(address, port)
     except FlowXError as exc:
         fail(exc)
-    host = FlowHost(store=from_url(db, leases=leases), flows=plans, settings=settings)
+    host = FlowHost(store=store, flows=plans, settings=settings)
     app = create_app(host, run_here=work, owns_host=True)
     bound = sock.getsockname()[1]
     shown = f"[{address}]" if ":" in address else address

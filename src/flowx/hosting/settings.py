@@ -240,7 +240,9 @@ class HostSettings(BaseSettings):
             return type(self).model_validate({**self.model_dump(), **changes})
         except ValidationError as exc:
             found = problems(exc, root="settings", field_label=False)
-            raise SettingsError(f"invalid FlowX host settings ({found})") from exc
+        # Raised outside the ``except``: pydantic's own text quotes every input, an API token
+        # among them, and a chained or context exception is printed with a traceback (R9.8).
+        raise SettingsError(f"invalid FlowX host settings ({found})")
 
     @classmethod
     def load(cls, **overrides: Any) -> HostSettings:
@@ -254,10 +256,11 @@ class HostSettings(BaseSettings):
             return cls(**given)
         except ValidationError as exc:
             found = problems(exc, root="settings", field_label=False)
-            raise SettingsError(
-                f"invalid FlowX host settings ({found}); fix the argument, the FLOWX_* "
-                "environment variable or [tool.flowx] in pyproject.toml"
-            ) from exc
+        # Not chained to pydantic's error: its text quotes the inputs, secrets included (R9.8).
+        raise SettingsError(
+            f"invalid FlowX host settings ({found}); fix the argument, the FLOWX_* "
+            "environment variable or [tool.flowx] in pyproject.toml"
+        )
 
     def resolved(self) -> dict[str, Any]:
         """Every setting with its value, durations as seconds: what ``flowx doctor`` prints."""

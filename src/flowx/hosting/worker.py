@@ -27,6 +27,7 @@ from flowx.hosting.shutdown import Signals, arm_exit_watchdog
 from flowx.hosting.stores import from_url
 from flowx.outbox.urls import publisher_from_url
 from flowx.plan.model import Plan
+from flowx.redaction import RedactingFilter, redact
 from flowx.urls import BadURL
 
 log = logging.getLogger("flowx.worker")
@@ -102,7 +103,7 @@ class _JsonFormatter(logging.Formatter):
             if key not in _STANDARD and not key.startswith("_"):
                 entry[key] = value
         if record.exc_info:
-            entry["exc"] = self.formatException(record.exc_info)
+            entry["exc"] = record.exc_text or self.formatException(record.exc_info)
         return json.dumps(entry, default=str)
 
 
@@ -111,6 +112,9 @@ def configure_logging(fmt: str, level: str) -> None:
     libraries' it drives (the psycopg pool's, the brokers') share one handler, one format
     and ISO 8601 UTC timestamps; the libraries at WARNING unless the level is lower."""
     handler = logging.StreamHandler()
+    # Every line through this handler, a library's child loggers' included, has its secrets
+    # redacted (R9.8): a driver may log the URL it was given.
+    handler.addFilter(RedactingFilter())
     if fmt == "json":
         handler.setFormatter(_JsonFormatter())
     else:
@@ -151,7 +155,8 @@ async def serve(
         except BadURL:
             raise
         except Exception as exc:
-            log.debug("broker %s not reached before start-up: %r", publisher.name, exc)
+            shown = redact(repr(exc), secrets_of=(publish_url or "",), limit=None)
+            log.debug("broker %s not reached before start-up: %s", publisher.name, shown)
     host = FlowHost(
         store=from_url(store_url, leases=leases_url),
         flows=plans,

@@ -29,8 +29,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from flowx.outbox.publisher import PublishFailure, PublishResult, headers
+from flowx.redaction import guard_logs, redact
 from flowx.stores.records import EventRecord
-from flowx.urls import BadURL, redact, take_params
+from flowx.urls import BadURL, take_params
 
 #: FlowX's own query parameters of a NATS URL: PEM files for the TLS context.
 TLS_PARAMS = ("tls_ca", "tls_cert", "tls_key")
@@ -72,6 +73,7 @@ class NatsJetStreamPublisher:
 
         if self._nc is None or self._nc.is_closed:
             await self._drop()
+            guard_logs("nats", "flowx")  # R9.8: a driver's line never shows the URL's secrets
 
             async def quiet(_exc: Exception) -> None:
                 return None
@@ -136,7 +138,7 @@ class NatsJetStreamPublisher:
                 await nc.flush()
         except Exception as exc:
             # What went out before the failure may still be acknowledged below.
-            send_failure = _failure(exc)
+            send_failure = _failure(exc, self.url)
         if sent:
             await asyncio.wait(acks[:sent], timeout=max(0.0, deadline - loop.time()))
         result = PublishResult(sent, send_failure) if send_failure else PublishResult(sent)
@@ -147,7 +149,7 @@ class NatsJetStreamPublisher:
                 break
             error = ack.exception()
             if error is not None:
-                result = PublishResult(i, _failure(error))
+                result = PublishResult(i, _failure(error, self.url))
                 break
         for ack in acks:
             if ack.done():
@@ -205,7 +207,9 @@ def _settle(ack: asyncio.Future[None], msg: Any) -> None:
         ack.set_exception(exc)
 
 
-def _failure(exc: BaseException) -> PublishFailure:
+def _failure(exc: BaseException, url: str) -> PublishFailure:
+    """Why a batch was not acknowledged; a driver's text never carries the URL's secrets (a
+    reason is stored with the event and shown by ``flowx outbox``)."""
     from nats import errors
     from nats.js import errors as js_errors
 
@@ -215,5 +219,8 @@ def _failure(exc: BaseException) -> PublishFailure:
         return PublishFailure("NATS: the message is over the server's payload limit", True)
     if isinstance(exc, js_errors.APIError):
         transient = exc.err_code in _TRANSIENT_ERR_CODES or (exc.code or 0) >= 500
-        return PublishFailure(f"NATS JetStream refused: {exc}", not transient)
-    return PublishFailure(f"NATS unavailable: {exc!r}", False)
+        text = redact(str(exc), secrets_of=(url,), limit=None)
+        return PublishFailure(f"NATS JetStream refused: {text}", not transient)
+    return PublishFailure(
+        f"NATS unavailable: {redact(repr(exc), secrets_of=(url,), limit=None)}", False
+    )

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from flowx.outbox.publisher import PublishFailure, PublishResult, headers
+from flowx.redaction import guard_logs, redact
 from flowx.stores.records import EventRecord
 
 
@@ -63,6 +64,9 @@ class RabbitMQPublisher:
 
         if self._connection is None or self._connection.is_closed:
             await self._drop()
+            # aio-pika and aiormq log the URL they connect to at DEBUG, masking a userinfo
+            # password but not a ``?password=``: their lines go through ``redact`` (R9.8).
+            guard_logs("aio_pika", "aiormq", "flowx")
             self._connection = await aio_pika.connect(self.url, timeout=self._timeout)
         if self._channel is None or self._channel.is_closed:
             self._exchange = None
@@ -101,9 +105,10 @@ class RabbitMQPublisher:
                 exchange = await self._ensure_open()
         except Exception as exc:
             await self._drop()
+            shown = redact(repr(exc), secrets_of=(self.url,), limit=None)
             if _permanent(exc):
-                return PublishResult(0, PublishFailure(f"RabbitMQ refused: {exc!r}", True))
-            return PublishResult(0, PublishFailure(f"RabbitMQ unavailable: {exc!r}", False))
+                return PublishResult(0, PublishFailure(f"RabbitMQ refused: {shown}", True))
+            return PublishResult(0, PublishFailure(f"RabbitMQ unavailable: {shown}", False))
 
         tasks = [
             asyncio.ensure_future(
@@ -131,7 +136,7 @@ class RabbitMQPublisher:
                 break
             error = task.exception()
             if error is not None:
-                result = PublishResult(i, _failure(error))
+                result = PublishResult(i, _failure(error, self.url))
                 break
         for task in tasks:
             task.cancel()
@@ -155,13 +160,17 @@ def _permanent(exc: BaseException) -> bool:
     )
 
 
-def _failure(exc: BaseException) -> PublishFailure:
+def _failure(exc: BaseException, url: str) -> PublishFailure:
+    """Why a message was not confirmed; a driver's text never carries the URL's secrets (a
+    reason is stored with the event and shown by ``flowx outbox``)."""
     from aiormq import exceptions
 
+    text = redact(str(exc), secrets_of=(url,), limit=None)
+    shown = redact(repr(exc), secrets_of=(url,), limit=None)
     if isinstance(exc, exceptions.PublishError):
-        return PublishFailure(f"RabbitMQ returned the message as unroutable: {exc}", True)
+        return PublishFailure(f"RabbitMQ returned the message as unroutable: {text}", True)
     if _permanent(exc):
-        return PublishFailure(f"RabbitMQ refused: {exc!r}", True)
+        return PublishFailure(f"RabbitMQ refused: {shown}", True)
     if isinstance(exc, exceptions.DeliveryError):
-        return PublishFailure(f"RabbitMQ did not accept the message: {exc}", False)
-    return PublishFailure(f"RabbitMQ unavailable: {exc!r}", False)
+        return PublishFailure(f"RabbitMQ did not accept the message: {text}", False)
+    return PublishFailure(f"RabbitMQ unavailable: {shown}", False)

@@ -14,8 +14,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from flowx.outbox.publisher import PublishFailure, PublishResult, headers
+from flowx.redaction import guard_logs, redact
 from flowx.stores.records import EventRecord
-from flowx.urls import BadURL, redact
+from flowx.urls import BadURL
 
 #: Errors a later attempt can clear: memory pressure, a replica or loading server.
 _TRANSIENT = ("OOM", "LOADING", "BUSY", "TRYAGAIN", "READONLY", "MASTERDOWN", "CLUSTERDOWN")
@@ -35,6 +36,7 @@ class RedisStreamsPublisher:
         from redis import asyncio as aioredis
 
         self._url = url
+        guard_logs("redis", "flowx")  # R9.8: a driver's line never shows the URL's secrets
         self._client: Any = aioredis.Redis.from_url(
             url, socket_timeout=timeout, socket_connect_timeout=timeout
         )
@@ -62,7 +64,8 @@ class RedisStreamsPublisher:
                 await self._client.ping()
         except (exceptions.ResponseError, exceptions.AuthenticationError) as exc:
             raise BadURL(
-                f"Redis publisher {redact(self._url)!r} refused the connection: {exc}; fix "
+                f"Redis publisher {redact(self._url)!r} refused the connection: "
+                f"{self._shown(exc)}; fix "
                 "the URL (database index, credentials)",
                 url=redact(self._url),
                 code="outbox.bad_publisher_url",
@@ -72,6 +75,10 @@ class RedisStreamsPublisher:
 
     async def close(self) -> None:
         await self._client.aclose()
+
+    def _shown(self, exc: BaseException, how: Any = str) -> str:
+        """A driver's message about this connection, without the URL's secrets (R9.8)."""
+        return redact(how(exc), secrets_of=(self._url,), limit=None)
 
     async def publish(self, events: Sequence[EventRecord]) -> PublishResult:
         from redis import exceptions
@@ -87,13 +94,14 @@ class RedisStreamsPublisher:
             async with asyncio.timeout(self._timeout):
                 replies = await pipe.execute(raise_on_error=False)
         except (exceptions.ConnectionError, exceptions.TimeoutError, TimeoutError, OSError) as exc:
-            return PublishResult(0, PublishFailure(f"Redis unavailable: {exc!r}", False))
+            failure = PublishFailure(f"Redis unavailable: {self._shown(exc, repr)}", False)
+            return PublishResult(0, failure)
         except exceptions.ResponseError as exc:  # the connection's own set-up (SELECT, AUTH)
-            refusal = f"Redis refused the connection to {redact(self._url)}: {exc}"
+            refusal = f"Redis refused the connection to {redact(self._url)}: {self._shown(exc)}"
             return PublishResult(0, PublishFailure(refusal, False))  # events wait for a fix
         for i, reply in enumerate(replies):
             if isinstance(reply, Exception):
-                text = str(reply)
+                text = self._shown(reply)
                 permanent = not (
                     isinstance(reply, exceptions.ConnectionError | exceptions.TimeoutError)
                     or text.startswith(_TRANSIENT)

@@ -32,6 +32,7 @@ from psycopg import AsyncConnection
 from psycopg.types.string import TextLoader
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from flowx.redaction import guard_logs, redact
 from flowx.stores.errors import (
     JournalNoAnswer,
     JournalUnavailable,
@@ -43,13 +44,6 @@ from flowx.stores.postgres.schema import SCHEMA_VERSION as SCHEMA_VERSION
 from flowx.stores.postgres.schema import apply as apply
 from flowx.stores.postgres.schema import check_and_migrate
 from flowx.urls import check_schema
-from flowx.urls import redact as redact_url
-
-
-def redact(dsn: str) -> str:
-    """A DSN fit for a log line: no password (``user:pw@``, ``://:pw@``, ``password=``)."""
-    return redact_url(dsn)
-
 
 #: What a server says at connect time when the configuration, not the network, is wrong.
 #: (``no pg_hba.conf entry ..., no encryption``: the URL asked for no TLS where it is required.)
@@ -99,7 +93,8 @@ def misconfigured(dsn: str, exc: BaseException) -> StoreMisconfigured | None:
 def unavailable(dsn: str, exc: BaseException) -> JournalUnavailable:
     error = JournalUnavailable(
         f"PostgreSQL at {redact(dsn)} is unavailable ({type(exc).__name__}: "
-        f"{' '.join(str(exc).split()) or 'no answer'}); retry when it is back"
+        f"{redact(' '.join(str(exc).split()), secrets_of=(dsn,), limit=None) or 'no answer'}); "
+        "retry when it is back"
     )
     error.__cause__ = exc
     return error
@@ -298,6 +293,7 @@ class PostgresDatabase:
             await self.pool.close()
             self.pool = self._new_pool()
         self._pool_spent = True
+        guard_logs("psycopg", "flowx")  # R9.8: a driver's line never shows the DSN's secrets
         try:
             await self._fill()
         except (PoolTimeout, psycopg.OperationalError) as exc:

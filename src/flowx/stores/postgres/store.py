@@ -13,6 +13,7 @@ from typing import Any, Final, LiteralString
 
 from psycopg.rows import dict_row
 
+from flowx.redaction import redact
 from flowx.stores.columns import (
     ACTIVE_STATES_SQL,
     CANDIDATE_COLUMNS,
@@ -30,7 +31,7 @@ from flowx.stores.postgres.changes import PostgresChanges
 from flowx.stores.postgres.claims import claim_queued
 from flowx.stores.postgres.commit import GroupCommitter, commit_one
 from flowx.stores.postgres.creates import GroupCreator
-from flowx.stores.postgres.database import PostgresDatabase, redact
+from flowx.stores.postgres.database import PostgresDatabase
 from flowx.stores.postgres.leases import GRANT_OVER_EXPIRED, PostgresLeaseStore
 from flowx.stores.postgres.notify import WORK, Listener, Notifier
 from flowx.stores.postgres.outbox import PostgresOutbox

@@ -31,10 +31,11 @@ from urllib.parse import urlsplit
 from redis import asyncio as aioredis
 from redis import exceptions as redis_errors
 
+from flowx.redaction import guard_logs, redact
 from flowx.stores.errors import LeaseUnavailable, StorePermissionDenied
 from flowx.stores.records import Lease
 from flowx.stores.renewal import renew_one
-from flowx.urls import BadURL, redact
+from flowx.urls import BadURL
 
 # Time is Redis's own (TIME) unless the caller pins it (R9.2): a node whose clock runs ahead
 # must not see a live lease as expired, nor a node behind it be starved. Scripts may call TIME:
@@ -177,6 +178,7 @@ class RedisLeaseStore:
         return f"{self._prefix}:lease:{instance_id}"
 
     async def open(self) -> None:
+        guard_logs("redis", "flowx")  # R9.8: a driver's line never shows the URL's secrets
         if self._client is None:
             self._client = aioredis.Redis.from_url(
                 self._url,
@@ -207,7 +209,8 @@ class RedisLeaseStore:
             # Not a fault a retry mends: a database index the server does not have, a wrong
             # password. Said once, with the URL's secrets redacted.
             raise BadURL(
-                f"Redis lease store {redact(self._url)!r} refused the connection: {exc}; "
+                f"Redis lease store {redact(self._url)!r} refused the connection: "
+                f"{redact(str(exc), secrets_of=(self._url,), limit=None)}; "
                 "fix the URL (database index, credentials)",
                 url=redact(self._url),
             ) from exc
@@ -239,7 +242,8 @@ class RedisLeaseStore:
                 failure = exc
         error = LeaseUnavailable(
             f"Redis at {self._where} is unavailable "
-            f"({type(failure).__name__}: {failure}); retry when it is back"
+            f"({type(failure).__name__}: "
+            f"{redact(str(failure), secrets_of=(self._url,), limit=None)}); retry when it is back"
         )
         raise error from failure
 

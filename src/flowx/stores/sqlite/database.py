@@ -86,6 +86,9 @@ class SqliteDatabase:
 
     def __init__(self, path: str | Path, *, busy_timeout_ms: int = 10_000) -> None:
         self.path = Path(path)
+        #: The path as messages show it: a path is no place for a secret, but one typed
+        #: there (``x.db?password=…``) is hidden like any other (R9.8).
+        self.shown = redact(str(self.path), limit=None)
         self._busy_timeout_ms = busy_timeout_ms
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flowx-sqlite")
         self._conn: sqlite3.Connection | None = None
@@ -95,7 +98,7 @@ class SqliteDatabase:
     @property
     def conn(self) -> sqlite3.Connection:
         if self._conn is None:
-            raise JournalUnavailable(f"SQLite store {self.path} is not open; call open() first")
+            raise JournalUnavailable(f"SQLite store {self.shown} is not open; call open() first")
         return self._conn
 
     async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
@@ -174,7 +177,7 @@ class SqliteDatabase:
 
     def _unavailable(self, exc: sqlite3.Error) -> JournalUnavailable:
         error = JournalUnavailable(
-            f"SQLite store {self.path} did not accept the write ({exc}); it is retryable once "
+            f"SQLite store {self.shown} did not accept the write ({exc}); it is retryable once "
             "the lock holder or the disk is back"
         )
         error.__cause__ = exc
@@ -188,7 +191,7 @@ class SqliteDatabase:
             if conn.in_transaction:
                 conn.rollback()
             raise JournalUnavailable(
-                f"SQLite store {self.path} did not accept the operation ({exc}); "
+                f"SQLite store {self.shown} did not accept the operation ({exc}); "
                 "it is retryable once the lock holder or the disk is back"
             ) from exc
         except BaseException:
@@ -204,8 +207,7 @@ class SqliteDatabase:
             return
         if self.path.parent and not self.path.parent.exists():
             raise JournalUnavailable(
-                f"folder {self.path.parent} for SQLite store {self.path.name} does not exist; "
-                "create it first"
+                f"folder of SQLite store {self.shown} does not exist; create it first"
             )
         try:
             conn = sqlite3.connect(
@@ -214,16 +216,16 @@ class SqliteDatabase:
         except sqlite3.OperationalError as exc:  # a directory, an unwritable folder
             check_sqlite_path(self.path)  # names the cause when it can tell
             raise BadURL(
-                f"SQLite cannot open {redact(str(self.path))!r} ({exc}); name a file in a "
+                f"SQLite cannot open {self.shown!r} ({exc}); name a file in a "
                 "folder this process may write in",
-                url=redact(str(self.path)),
+                url=self.shown,
             ) from exc
         try:
             try:
                 conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
             except sqlite3.DatabaseError as exc:
                 raise NotAFlowXStore(
-                    f"{self.path} is not an SQLite database ({exc}); point FlowX at a new "
+                    f"{self.shown} is not an SQLite database ({exc}); point FlowX at a new "
                     "file or at an existing FlowX journal"
                 ) from exc
             conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_ms)}")
@@ -234,7 +236,7 @@ class SqliteDatabase:
             mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if str(mode).lower() != "wal":
                 raise JournalUnavailable(
-                    f"{self.path} could not be put in WAL mode (got {mode}); several worker "
+                    f"{self.shown} could not be put in WAL mode (got {mode}); several worker "
                     "processes need it: use a local disk, not a network share"
                 )
         except BaseException:
@@ -251,7 +253,7 @@ class SqliteDatabase:
             ).fetchone()[0]
             if app_id != APPLICATION_ID and tables:
                 raise NotAFlowXStore(
-                    f"{self.path} is an SQLite database but not a FlowX journal (it has "
+                    f"{self.shown} is an SQLite database but not a FlowX journal (it has "
                     f"{tables} tables and no FlowX mark); nothing was changed. Point FlowX at "
                     "a new file"
                 )
@@ -260,10 +262,10 @@ class SqliteDatabase:
                 row = conn.execute("SELECT max(version) FROM flowx_schema_migrations").fetchone()
                 current = int(row[0] or 0)
             if current > SCHEMA_VERSION:
-                raise SchemaTooNew(str(self.path), current, SCHEMA_VERSION)
+                raise SchemaTooNew(self.shown, current, SCHEMA_VERSION)
             if current < SCHEMA_VERSION and not migrate:
                 raise SchemaNotMigrated(
-                    f"{self.path} is at schema {current}, this FlowX needs {SCHEMA_VERSION}; "
+                    f"{self.shown} is at schema {current}, this FlowX needs {SCHEMA_VERSION}; "
                     "run `flowx migrate`"
                 )
             if current == 0:

@@ -509,7 +509,7 @@ class SqliteStores:
         await self.db.close()
 
     def describe(self) -> str:
-        return f"sqlite:///{self.db.path}"
+        return f"sqlite:///{self.db.shown}"
 
     async def schema_version(self) -> int | None:
         return await self.db.run(lambda conn: self.db.schema_version())
