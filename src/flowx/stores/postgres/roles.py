@@ -129,7 +129,7 @@ _UNITS: Final = {"ms": 1, "s": 1000, "min": 60_000, "h": 3_600_000}
 
 def _ms(value: str) -> int:
     found = re.fullmatch(r"(\d+)(ms|s|min|h)", value)
-    assert found is not None, value
+    assert found is not None, value  # nosec B101  # invariant: the timeouts are our constants
     return int(found[1]) * _UNITS[found[2]]
 
 
