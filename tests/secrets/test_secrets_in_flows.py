@@ -221,3 +221,29 @@ async def test_a_sub_flow_child_gets_the_secret_and_returns_one(
     await host.wait_idle(timeout=5)
     stored = dump()
     assert CANARY.encode() not in stored and stored.count(MARK.encode()) >= 4
+
+
+async def test_the_api_and_the_ui_show_sealed_members_masked(
+    tmp_path: Path, hosts: Callable[..., Any]
+) -> None:
+    import httpx
+
+    from flowx.api import create_app
+
+    secret_flows.FAILED_ONCE.clear()
+    instance_id, second = await _pay_across_two_nodes(
+        hosts, lambda: flowx.sqlite(tmp_path / "j.db")
+    )
+    transport = httpx.ASGITransport(app=create_app(second))
+    async with httpx.AsyncClient(transport=transport, base_url="http://flowx.test") as client:
+        pages = [
+            await client.get(f"/v1/instances/{instance_id}"),
+            await client.get(f"/v1/instances/{instance_id}/steps"),
+            await client.get(f"/v1/instances/{instance_id}/result"),
+            await client.get(f"/ui/instances/{instance_id}"),
+        ]
+    for page in pages:
+        assert page.status_code == 200, page.text
+        for secret in SECRETS:
+            assert secret not in page.text, f"{secret!r} shown by {page.request.url}"
+    assert "**********" in pages[0].text and "**********" in pages[2].text
