@@ -134,9 +134,9 @@ def _encode(value: Any, root: str, at: str | None = None) -> str:
                 f"{root} ({type(value).__name__}) has no JSON form ({exc}); {_WHAT_TO_DO}",
                 path=root,
             ) from exc
-        plain = _sealing.Sealer(_SEALING.get(), root if at is None else f"{root}:{at}").plain(
-            value, plain, root
-        )
+        if type(value) not in _sealing.PLAIN_MODELS:  # the step commit's usual case: skipped
+            where = root if at is None else f"{root}:{at}"
+            plain = _sealing.Sealer(_SEALING.get(), where).plain(value, plain, root)
     try:
         text = _encoder.encode(plain)
     except (ValueError, RecursionError) as exc:  # NaN / Infinity, a cycle, too deep

@@ -299,6 +299,11 @@ def open_sealed(value: Any, active: Sealing, where: str, path: str, instance: st
     return value
 
 
+#: Model classes with nothing to seal or keep at any depth: the codec skips the walk for them
+#: (one set lookup on the step commit's path instead of a walk).
+PLAIN_MODELS: set[type] = set()
+
+
 class Sealer:
     """Puts each sensitive member of ``value`` into its plain JSON form ``plain``, sealed,
     and each ``exclude=True`` member, which pydantic leaves out (the flow's code needs it
@@ -335,9 +340,13 @@ class Sealer:
         return plain
 
     def model(self, value: BaseModel, plain: Any, path: str) -> Any:
-        special = members(type(value))
-        nested = _nested(type(value))
-        if not (special or nested) or not isinstance(plain, dict):
+        cls = type(value)
+        special = members(cls)
+        nested = _nested(cls)
+        if not (special or nested):
+            PLAIN_MODELS.add(cls)
+            return plain
+        if not isinstance(plain, dict):
             return plain
         out = dict(plain)
         for m in special:
