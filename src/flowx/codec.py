@@ -33,7 +33,6 @@ when something is wrong.
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import dataclasses
 import functools
@@ -200,15 +199,25 @@ _SEALING: contextvars.ContextVar[Sealing | None] = contextvars.ContextVar(
 )
 
 
-@contextlib.contextmanager
-def sealing(active: Sealing | None) -> Iterator[Sealing | None]:
+class sealing:
     """Seal and open sensitive members as ``active`` (one instance's keys) says, in this
-    context and the tasks it starts; ``None`` leaves values as they are."""
-    token = _SEALING.set(active)
-    try:
-        yield active
-    finally:
-        _SEALING.reset(token)
+    context and the tasks it starts; ``None`` leaves values as they are. A class, not a
+    generator: it is entered on every start and run, and costs nothing without keys."""
+
+    __slots__ = ("_active", "_token")
+
+    def __init__(self, active: Sealing | None) -> None:
+        self._active = active
+        self._token: contextvars.Token[Sealing | None] | None = None
+
+    def __enter__(self) -> Sealing | None:
+        if self._active is not None or _SEALING.get() is not None:
+            self._token = _SEALING.set(self._active)
+        return self._active
+
+    def __exit__(self, *exc: object) -> None:
+        if self._token is not None:
+            _SEALING.reset(self._token)
 
 
 def current_sealing() -> Sealing | None:

@@ -47,9 +47,7 @@ def started_input(
     start_keys(plan, idempotency_key=idempotency_key, correlation_id=correlation_id)
     instance_id = instance_id_for(plan, idempotency_key)
     with codec.sealing(sealing_of(instance_id)):
-        text = start_input(
-            plan, value, idempotency_key=idempotency_key, correlation_id=correlation_id
-        )
+        text = start_input(plan, value)
     return instance_id, text
 
 

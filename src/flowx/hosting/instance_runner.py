@@ -386,10 +386,9 @@ class InstanceRunner:
             self.recovering.add(iid)
         loop = asyncio.get_running_loop()
         outcome: asyncio.Future[RunResult | None] = loop.create_future()
-        task = loop.create_task(
-            self._sealed(iid, self._execute(plan, record, history, lease, inbox, outcome)),
-            name=f"flowx-{iid}",
-        )
+        run = self._execute(plan, record, history, lease, inbox, outcome)
+        sealed = self._ctx.settings.keyring is not None
+        task = loop.create_task(self._sealed(iid, run) if sealed else run, name=f"flowx-{iid}")
         self.tasks[iid] = task
         self.outcomes[iid] = outcome
         self._ctx.stops.enter(iid)

@@ -33,13 +33,10 @@ def _refused_as(error: type[SerialisationError]) -> Iterator[None]:
         raise error(str(exc), path=exc.path) from exc
 
 
-def start_input(
-    plan: Plan, value: BaseModel, *, idempotency_key: str | None, correlation_id: str | None
-) -> str:
+def start_input(plan: Plan, value: BaseModel) -> str:
     """The input's stored text; ``InputUnstorable`` (``flow.input_unstorable``) names the
-    field of the input, or the key, that cannot be stored."""
+    field of the input that cannot be stored (its keys: ``start_keys``)."""
     whose = f"the start of {plan.ref}"
-    start_keys(plan, idempotency_key=idempotency_key, correlation_id=correlation_id)
     with _refused_as(InputUnstorable):
         return codec.dumps(value, root="input", context=whose)
 
