@@ -33,7 +33,6 @@ when something is wrong.
 
 from __future__ import annotations
 
-import contextvars
 import dataclasses
 import functools
 import json
@@ -52,7 +51,8 @@ from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from flowx import sealing as _sealing
 from flowx.errors import SerialisationError
-from flowx.sealing import Sealing
+from flowx.sealing import scrub as scrub
+from flowx.sealing import sealing as sealing
 
 CODEC_VERSION = 1
 
@@ -135,7 +135,7 @@ def _encode(value: Any, root: str, at: str | None = None) -> str:
             ) from exc
         if type(value) not in _sealing.PLAIN_MODELS:  # the step commit's usual case: skipped
             where = root if at is None else f"{root}:{at}"
-            plain = _sealing.Sealer(_SEALING.get(), where).plain(value, plain, root)
+            plain = _sealing.Sealer(_sealing.current(), where).plain(value, plain, root)
     try:
         text = _encoder.encode(plain)
     except (ValueError, RecursionError) as exc:  # NaN / Infinity, a cycle, too deep
@@ -164,7 +164,7 @@ def loads(
     value = json.loads(text)
     if root is None or _sealing.MARK not in text:
         return value
-    active = _SEALING.get()
+    active = _sealing.current()
     if active is None:
         raise SerialisationError(
             f"{root} holds sealed members and this node has no encryption keys; configure "
@@ -190,45 +190,6 @@ def validate_as(adapter: TypeAdapter[T], text: str, *, root: str, at: str | None
     if _sealing.MARK not in text:
         return adapter.validate_json(text)
     return adapter.validate_python(loads(text, root=root, at=at))
-
-
-# -- sealed members (flowx.sealing) ---------------------------------------------------------
-
-_SEALING: contextvars.ContextVar[Sealing | None] = contextvars.ContextVar(
-    "flowx_sealing", default=None
-)
-
-
-class sealing:
-    """Seal and open sensitive members as ``active`` (one instance's keys) says, in this
-    context and the tasks it starts; ``None`` leaves values as they are. A class, not a
-    generator: it is entered on every start and run, and costs nothing without keys."""
-
-    __slots__ = ("_active", "_token")
-
-    def __init__(self, active: Sealing | None) -> None:
-        self._active = active
-        self._token: contextvars.Token[Sealing | None] | None = None
-
-    def __enter__(self) -> Sealing | None:
-        if self._active is not None or _SEALING.get() is not None:
-            self._token = _SEALING.set(self._active)
-        return self._active
-
-    def __exit__(self, *exc: object) -> None:
-        if self._token is not None:
-            _SEALING.reset(self._token)
-
-
-def current_sealing() -> Sealing | None:
-    return _SEALING.get()
-
-
-def scrub(text: str) -> str:
-    """``text`` with every secret this instance has sealed or opened masked: an error
-    message that quotes a card number is stored and logged without it (R9.8)."""
-    active = _SEALING.get()
-    return text if active is None or not active.seen else active.scrub(text)
 
 
 def text(value: str, *, root: str, code: str | None = None, context: str | None = None) -> str:

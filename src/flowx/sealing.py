@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextvars
 import functools
 import json
 import os
@@ -254,6 +255,46 @@ def declares_sensitive(tp: Any, _seen: set[Any] | None = None) -> bool:
             if declares_sensitive(info.annotation, seen):
                 return True
     return False
+
+
+# -- the instance being sealed for: a context variable ----------------------------------
+
+_SEALING: contextvars.ContextVar[Sealing | None] = contextvars.ContextVar(
+    "flowx_sealing", default=None
+)
+
+
+class sealing:
+    """Seal and open sensitive members as ``active`` (one instance's keys) says, in this
+    context and the tasks it starts; ``None`` leaves values as they are. A class, not a
+    generator: it is entered on every start and run, and costs nothing without keys."""
+
+    __slots__ = ("_active", "_token")
+
+    def __init__(self, active: Sealing | None) -> None:
+        self._active = active
+        self._token: contextvars.Token[Sealing | None] | None = None
+
+    def __enter__(self) -> Sealing | None:
+        if self._active is not None or _SEALING.get() is not None:
+            self._token = _SEALING.set(self._active)
+        return self._active
+
+    def __exit__(self, *exc: object) -> None:
+        if self._token is not None:
+            _SEALING.reset(self._token)
+
+
+def current() -> Sealing | None:
+    """The sealing of the instance this code runs for, if any."""
+    return _SEALING.get()
+
+
+def scrub(text: str) -> str:
+    """``text`` with every secret this instance has sealed or opened masked: an error
+    message that quotes a card number is stored and logged without it (R9.8)."""
+    active = _SEALING.get()
+    return text if active is None or not active.seen else active.scrub(text)
 
 
 # -- the walks: seal, open, mask, redact ----------------------------------------------------
