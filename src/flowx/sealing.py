@@ -28,7 +28,7 @@ import json
 import os
 import types
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Final, TypeVar
 
@@ -231,29 +231,33 @@ def members(cls: type[BaseModel]) -> tuple[Member, ...]:
     return tuple(found)
 
 
-def declares_sensitive(tp: Any, _seen: set[Any] | None = None) -> bool:
+def declares_sensitive(tp: Any) -> bool:
     """Whether values of type ``tp`` can hold a sensitive member at any depth."""
-    seen = _seen if _seen is not None else set()
-    if tp in seen:
-        return False
+    return _reaches(tp, lambda cls: any(m.seal for m in members(cls)), set())
+
+
+def _reaches(tp: Any, special: Callable[[type[BaseModel]], bool], seen: set[Any]) -> bool:
+    """Whether values of type ``tp`` can hold, at any depth, a secret type, a member marked
+    ``Sensitive``, or a model ``special`` says yes to: the one walk over annotations that
+    registration (``declares_sensitive``) and the sealer (``_nested``) share."""
     try:
+        if tp in seen:
+            return False
         seen.add(tp)
-    except TypeError:
+    except TypeError:  # an unhashable annotation argument (a constraint object): no type
         return False
     if tp is SecretStr or tp is SecretBytes:
         return True
     origin = typing.get_origin(tp)
     if origin is Annotated:
         base, *meta = typing.get_args(tp)
-        return any(isinstance(m, SensitiveMark) for m in meta) or declares_sensitive(base, seen)
+        return any(isinstance(m, SensitiveMark) for m in meta) or _reaches(base, special, seen)
     if origin is not None:
-        return any(declares_sensitive(arg, seen) for arg in typing.get_args(tp))
+        return any(_reaches(arg, special, seen) for arg in typing.get_args(tp))
     if isinstance(tp, type) and issubclass(tp, BaseModel):
-        for info in tp.model_fields.values():
-            if any(isinstance(m, SensitiveMark) for m in info.metadata):
-                return True
-            if declares_sensitive(info.annotation, seen):
-                return True
+        return special(tp) or any(
+            _reaches(info.annotation, special, seen) for info in tp.model_fields.values()
+        )
     return False
 
 
@@ -456,24 +460,6 @@ def _nested(cls: type[BaseModel]) -> tuple[tuple[str, str], ...]:
     with special members: the only ones the sealer descends into."""
     found = []
     for name, info in cls.model_fields.items():
-        if _holds_special(info.annotation):
+        if _reaches(info.annotation, lambda c: bool(members(c)), set()):
             found.append((name, info.serialization_alias or info.alias or name))
     return tuple(found)
-
-
-def _holds_special(tp: Any, seen: frozenset[Any] = frozenset()) -> bool:
-    try:
-        if tp in seen:
-            return False
-    except TypeError:  # an unhashable annotation argument (a constraint object): no type
-        return False
-    if tp is SecretStr or tp is SecretBytes:
-        return True
-    origin = typing.get_origin(tp)
-    if origin is not None:
-        return any(_holds_special(a, seen | {tp}) for a in typing.get_args(tp))
-    if isinstance(tp, type) and issubclass(tp, BaseModel):
-        return bool(members(tp)) or any(
-            _holds_special(info.annotation, seen | {tp}) for info in tp.model_fields.values()
-        )
-    return False
