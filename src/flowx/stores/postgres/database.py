@@ -193,6 +193,8 @@ class PostgresDatabase:
         check_schema(schema, dsn)
         self.dsn = dsn
         self._where: tuple[str, str] | None = None
+        #: The login the pool's connections use (for a refused privilege's message), by URL.
+        self._login: tuple[str, str] | None = None
         self.schema = schema
         limits = limits or SessionLimits()
         connect_timeout = limits.connect_timeout
@@ -274,12 +276,13 @@ class PostgresDatabase:
         The block is bounded by ``round_trip_timeout`` unless ``bounded`` is off (migrations,
         and an outbox claim, which the server bounds with its idle-in-transaction timeout)."""
         limit = self.round_trip_timeout if bounded else None
-        login: str | None = None
         try:
             async with self.pool.connection() as conn, deadline(conn, limit, self.where()):
-                login = conn.info.user
+                if self._login is None or self._login[0] != self.dsn:  # read once per URL
+                    self._login = (self.dsn, conn.info.user)
                 yield conn
         except psycopg.errors.InsufficientPrivilege as exc:
+            login = self._login[1] if self._login is not None else None
             raise denied(exc, login=login, schema=self.schema, where=self.where()) from exc
         except (psycopg.OperationalError, PoolTimeout, psycopg.errors.AdminShutdown) as exc:
             raise unavailable(self.dsn, exc) from exc
