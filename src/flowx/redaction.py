@@ -36,7 +36,9 @@ _TOKEN_SCHEMES: Final = frozenset({"nats", "tls", "ws", "wss"})
 #: The longest text shown by default: a message is one readable line.
 DEFAULT_LIMIT: Final = 200
 
-_SCHEME = re.compile(r"(?<![A-Za-z0-9+.\-])(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*)://")
+#: A URL starts where text starts or after a separator (a blank, a comma, a quote, ``=``, a
+#: bracket), never inside another URL's password (``user:pw://x@host`` is one URL).
+_SCHEME = re.compile(r"(?:^|(?<=[\s,;'\"=(\[<{|]))(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*)://")
 #: ``user:pw@`` where the password holds no ``/``, ``?`` or ``#`` (up to its last ``@``).
 _USERINFO = re.compile(r"[^/?#:@]*:(?P<pw>[^/?#]*)@")
 #: The same in a malformed URL: up to the last ``@`` before the next URL. It may hide more
