@@ -212,3 +212,24 @@ async def test_a_due_timer_is_woken_in_the_instance_s_trace(
     assert start.context is not None and woke.context is not None
     assert woke.context.trace_id == start.context.trace_id
     assert (woke.attributes or {}).get("flowx.late_ms") == 120_000
+
+
+def test_without_an_sdk_a_child_span_is_not_made_and_a_kept_context_still_carries() -> None:
+    """No SDK: the API's no-op tracer would hand back the current span for a child, so FlowX
+    makes none (the commit path's cost, issue 14); a span with a kept ``traceparent`` is
+    still made, so what it starts keeps the trace (R9.6)."""
+    from opentelemetry import trace
+
+    kept = "00-0af7651916cd43dd8441e5322e1f2c41-b7ad6b7169203331-01"
+    before = trace.get_current_span()
+    with tracing.span("flowx.step", {"flow": "f"}) as made:
+        assert made is None
+        assert trace.get_current_span() is before
+    with tracing.span("flowx.run", {"flow": "f"}, parent=kept):
+        assert tracing.current_context() == kept
+
+
+def test_with_a_provider_given_a_child_span_is_made(spans: InMemorySpanExporter) -> None:
+    with tracing.span("flowx.step", {"flow": "f"}) as made:
+        assert made is not None and made.is_recording()
+    assert [s.name for s in spans.get_finished_spans()] == ["flowx.step"]
