@@ -108,9 +108,9 @@ class Worker:
             )
         return self.ready.exists()
 
-    def kill(self) -> None:
+    def kill(self) -> int:
         self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=30)
+        return self.proc.wait(timeout=30)
 
     def stop(self) -> int:
         """SIGTERM: drain, release every lease, exit (R7.2)."""

@@ -16,7 +16,9 @@ through a partition, with a client-side deadline on each round trip (``connect_t
 ``tcp_user_timeout`` in the DSN), so a partitioned worker's steps finish after the heal and
 try to commit late — which is what the test needs to see refused.
 
-``s1``'s compensation records an ``undo`` effect: a zombie must never run one (R3.5).
+``s1``'s compensation records an ``undo`` effect: a zombie must never run one (R3.5). The
+flow ends by staging one ``OrderDone`` event, which a worker given ``--publish`` relays to a
+broker — over its veth too.
 """
 
 from __future__ import annotations
@@ -134,11 +136,22 @@ async def undo(ctx: flowx.StepContext, order: Order) -> None:
     await _effect(ctx, "undo")
 
 
+@flowx.event("hosts.order_done", version="1")
+class OrderDone(BaseModel):
+    n: int
+    wave: int
+
+
+def _done(o: Order, s: OrderState) -> OrderDone:
+    return OrderDone(n=o.n, wave=o.wave)
+
+
 order = (
     flowx.flow("hosts.order", version="1.0.0", input=Order, state=OrderState)
     .step(s1, name="s1", into="s1", compensate=undo)
     .step(s2, name="s2", into="s2")
     .step(s3, name="s3", into="s3")
+    .emit(OrderDone, _done, name="done")
     .build()
 )
 

@@ -33,11 +33,14 @@ from __future__ import annotations
 
 import asyncio
 import re
+import signal
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
+from typing import cast
 
 import pytest
+from redis import Redis
 
 import flowx
 from tests.hosts.cluster import (
@@ -50,7 +53,7 @@ from tests.hosts.cluster import (
     wait_ready,
 )
 from tests.hosts.host_flows import Order, order
-from tests.support.netns import NamespacesUnavailable, NetworkHosts
+from tests.support.netns import NetworkHosts, hosts_or_skip
 from tests.support.polling import until_sync
 from tests.support.servers import ServerUnavailable, ThrowawayPostgres, ThrowawayRedis
 
@@ -75,19 +78,8 @@ STEPS = ("s1", "s2", "s3")
 @pytest.fixture
 def net() -> Iterator[NetworkHosts]:
     """Hosts a, b and c, or a skip naming what this machine lacks (root, ip, a firewall)."""
-    try:
-        hosts = NetworkHosts(NAMES)
-    except NamespacesUnavailable as e:
-        pytest.skip(str(e))
-    try:
-        hosts.create()
-    except NamespacesUnavailable as e:
-        hosts.destroy()
-        pytest.skip(str(e))
-    try:
+    with hosts_or_skip(NAMES) as hosts:
         yield hosts
-    finally:
-        hosts.destroy()
 
 
 @pytest.fixture
@@ -181,6 +173,20 @@ def _aborted(worker: Worker, instances: set[str]) -> set[str]:
     return {i for i in instances if f"instance {i}: aborting without compensation" in text}
 
 
+def _unpublished(pg: ThrowawayPostgres) -> int:
+    return int(sql(pg, "SELECT count(*) FROM outbox_event WHERE published_at IS NULL")[0][0])
+
+
+def _streamed(redis: ThrowawayRedis) -> list[tuple[str, str]]:
+    """``(event_id, instance_id)`` of every entry the publishers added to the stream."""
+    client = Redis.from_url(redis.url, decode_responses=True)
+    try:
+        entries = cast("list[tuple[str, dict[str, str]]]", client.xrange("flowx:events:_"))
+    finally:
+        client.close()
+    return [(fields["event_id"], fields["instance_id"]) for _, fields in entries]
+
+
 def _completed(pg: ThrowawayPostgres) -> int:
     return int(sql(pg, "SELECT count(*) FROM flow_instance WHERE state = 'Completed'")[0][0])
 
@@ -206,7 +212,8 @@ def test_a_killed_and_a_partitioned_host_lose_nothing_and_write_nothing_past_a_f
     def settings(name: str) -> list[str]:
         if leases is None:
             return SETTINGS
-        return [*SETTINGS, "--leases", f"redis://{net[name].gateway}:{leases.port}/0"]
+        redis = f"redis://{net[name].gateway}:{leases.port}/0"
+        return [*SETTINGS, "--leases", redis, "--publish", redis]
 
     workers = {n: start_worker(net, n, pg, tmp_path, settings(n)) for n in NAMES}
     a, b, c = workers["a"], workers["b"], workers["c"]
@@ -222,7 +229,7 @@ def test_a_killed_and_a_partitioned_host_lose_nothing_and_write_nothing_past_a_f
         held = {a.node: parked[a.node], b.node: parked[b.node]}
         cut_off = held[a.node] | held[b.node]
 
-        a.kill()
+        assert a.kill() == -signal.SIGKILL
         partitioned_at: datetime = sql(pg, "SELECT clock_timestamp()")[0][0]
         net.partition("b")
         sql(pg, "UPDATE gate SET open = true WHERE wave = 1")
@@ -250,6 +257,10 @@ def test_a_killed_and_a_partitioned_host_lose_nothing_and_write_nothing_past_a_f
         sql(pg, "UPDATE gate SET open = true WHERE wave = 2")
         total = INSTANCES + 2 * SLOTS
         until_sync(lambda: _completed(pg) == total, within=60, what="every instance Completed")
+        if leases is not None:  # the workers publish: every event goes out, whoever staged it
+            until_sync(
+                lambda: _unpublished(pg) == 0, within=60, what="every event published to Redis"
+            )
         codes = {w.node: w.stop() for w in (b, c)}
     finally:
         for w in workers.values():
@@ -270,14 +281,19 @@ def test_a_killed_and_a_partitioned_host_lose_nothing_and_write_nothing_past_a_f
         "count(*) FILTER (WHERE outcome <> 'Success'), "
         "count(DISTINCT (instance_id, scope, step_id)) FROM flow_step",
     )
-    assert rows == [(total * len(STEPS), 0, total * len(STEPS))]
+    nodes_per_flow = len(STEPS) + 1  # the steps and the emit
+    assert rows == [(total * nodes_per_flow, 0, total * nodes_per_flow)]
     unbacked = sql(
         pg,
         "SELECT count(*) FROM flow_step s LEFT JOIN ledger l ON l.effect_id::text = "
         "(s.result::json #>> '{}') AND l.instance_id = s.instance_id AND l.step = s.step_name "
-        "WHERE l.effect_id IS NULL",
+        "WHERE s.step_name = ANY(%s) AND l.effect_id IS NULL",
+        list(STEPS),
     )
     assert unbacked == [(0,)]
+    # One event per instance, staged with its commit: none from a refused one (R2.3).
+    events = sql(pg, "SELECT event_id::text, instance_id::text FROM outbox_event")
+    assert sorted(i for _, i in events) == sorted(ids)
     # The effects with no commit: exactly one per instance a fault cut off mid-step (R4.3).
     orphans = sql(
         pg,
@@ -295,7 +311,7 @@ def test_a_killed_and_a_partitioned_host_lose_nothing_and_write_nothing_past_a_f
         "SELECT count(*), count(*) FILTER (WHERE lease_owner IS DISTINCT FROM node_id) "
         "FROM fence_audit",
     )
-    assert audit[0][0] == total * len(STEPS)
+    assert audit[0][0] == total * nodes_per_flow
     if leases is None:
         assert audit[0][1] == 0, sql(pg, "SELECT * FROM fence_audit WHERE lease_owner <> node_id")
     # The rig's zombie check: no effect B made before the cut committed after another node
@@ -331,8 +347,14 @@ def test_a_killed_and_a_partitioned_host_lose_nothing_and_write_nothing_past_a_f
             assert node in nodes[i] and len(nodes[i]) > 1, (i, nodes[i])
     assert set(_s2_by(pg, rejoined).values()) == {b.node}
     share = dict(sql(pg, "SELECT node_id, count(*) FROM flow_step GROUP BY node_id"))
+    duplicates = 0
+    if leases is not None:
+        # Through the broker, over the veths: every event at least once (R5.2), as staged.
+        streamed = _streamed(leases)
+        assert set(streamed) == set(events)
+        duplicates = len(streamed) - len(events)
     print(
         f"leases in {'redis' if leases else 'postgres'}: step commits by node {share}; "
         f"host B: {len(refused)} of its {len(held[b.node])} cut-off runs had a late commit "
-        "refused by the fence"
+        f"refused by the fence; events published twice: {duplicates}"
     )

@@ -37,6 +37,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 #: The /16 every run's /24 is taken from: private, and used by nothing else on this machine.
 NETWORK = "10.231"
 _LOCK = Path(tempfile.gettempdir()) / "flowx-netns.lock"
@@ -61,6 +63,25 @@ def unavailable() -> str | None:
             "run scripts/test-tools.sh (it installs iptables)"
         )
     return None
+
+
+@contextlib.contextmanager
+def hosts_or_skip(names: Sequence[str]) -> Iterator[NetworkHosts]:
+    """``NetworkHosts(names)``, created, and destroyed on the way out whatever happened; a
+    ``pytest.skip`` naming what is missing where this machine cannot make namespaces."""
+    try:
+        hosts = NetworkHosts(names)
+    except NamespacesUnavailable as e:
+        pytest.skip(str(e))
+    try:
+        hosts.create()
+    except NamespacesUnavailable as e:
+        hosts.destroy()
+        pytest.skip(str(e))
+    try:
+        yield hosts
+    finally:
+        hosts.destroy()
 
 
 def _firewall() -> str | None:

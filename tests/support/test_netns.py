@@ -16,24 +16,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.netns import NamespacesUnavailable, NetworkHosts
+from tests.support.netns import NetworkHosts, hosts_or_skip
 
 
 @pytest.fixture
 def net() -> Iterator[NetworkHosts]:
-    try:
-        hosts = NetworkHosts(["a", "b"])
-    except NamespacesUnavailable as e:
-        pytest.skip(str(e))
-    try:
-        hosts.create()
-    except NamespacesUnavailable as e:
-        hosts.destroy()
-        pytest.skip(str(e))
-    try:
+    with hosts_or_skip(["a", "b"]) as hosts:
         yield hosts
-    finally:
-        hosts.destroy()
 
 
 def _listening(address: str) -> tuple[socket.socket, int]:
