@@ -92,9 +92,7 @@ def _firewall() -> str | None:
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["ip", *args], capture_output=True, text=True, timeout=30, check=check
-    )  # fmt: skip
+    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30, check=check)
 
 
 @dataclass(frozen=True)
@@ -122,7 +120,6 @@ class NetworkHosts:
         self.hosts: dict[str, Host] = {}
         self.firewall = _firewall() or ""
         self._made: list[str] = []
-        self._partitioned: set[str] = set()
         self.subnet = ""
 
     def __enter__(self) -> NetworkHosts:
@@ -159,8 +156,8 @@ class NetworkHosts:
                     gateway=f"{NETWORK}.{third}.{4 * i + 1}",
                     address=f"{NETWORK}.{third}.{4 * i + 2}",
                 )
+                self.hosts[name] = host  # first: ``destroy()`` removes what ``_add`` made
                 self._add(host)
-                self.hosts[name] = host
 
     def _add(self, host: Host) -> None:
         made = _ip("netns", "add", host.netns, check=False)
@@ -187,7 +184,6 @@ class NetworkHosts:
         for netns in self._made:
             _ip("netns", "del", netns, check=False)
         self._made.clear()
-        self._partitioned.clear()
 
     def command(self, name: str, argv: Sequence[str]) -> list[str]:
         """``argv`` run inside host ``name`` (``ip netns exec`` execs it: same pid)."""
@@ -219,7 +215,6 @@ class NetworkHosts:
         else:
             for rule in _iptables_rules(host):
                 self.run(name, ["iptables", "-w", "-I", *rule])
-        self._partitioned.add(name)
 
     def heal(self, name: str) -> None:
         """Undo ``partition``: packets flow again, and TCP delivers what it held."""
@@ -228,7 +223,6 @@ class NetworkHosts:
         else:
             for rule in _iptables_rules(self.hosts[name]):
                 self.run(name, ["iptables", "-w", "-D", *rule])
-        self._partitioned.discard(name)
 
 
 def _nft_rules(host: Host) -> str:
