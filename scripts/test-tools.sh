@@ -3,6 +3,8 @@
 #   faketime  libfaketime, to run a worker whose wall clock is off (tests/faults/test_clock_skew.py)
 #   strace    fault injection, to slow every fsync of a PostgreSQL server (tests/faults/test_slow_fsync.py)
 #   chromium  Debian's browser, driven headless by Playwright for the web UI's tests (tests/ui)
+#   iptables  packet filter, to cut a worker's network namespace off its servers (tests/hosts);
+#             nft alone does as well
 # Fails naming what could not be installed; the tests that need a missing tool skip, saying why.
 set -u
 
@@ -10,8 +12,9 @@ missing=()
 command -v faketime >/dev/null 2>&1 || missing+=(faketime)
 command -v strace >/dev/null 2>&1 || missing+=(strace)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v iptables >/dev/null 2>&1 || command -v nft >/dev/null 2>&1 || missing+=(iptables)
 if [ ${#missing[@]} -eq 0 ]; then
-  echo "services: faketime, strace and chromium are installed"
+  echo "services: faketime, strace, chromium and iptables are installed"
   exit 0
 fi
 

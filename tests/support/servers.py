@@ -119,14 +119,18 @@ class ThrowawayPostgres:
 
 
 class ThrowawayRedis:
-    """A ``redis-server`` with no persistence on a free loopback port."""
+    """A ``redis-server`` with no persistence on a free loopback port.
 
-    def __init__(self) -> None:
+    ``also_on``: more addresses it listens on (the same port), for clients in other network
+    namespaces (``tests/support/netns.py``); ``url`` stays the loopback one."""
+
+    def __init__(self, also_on: tuple[str, ...] = ()) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             raise ServerUnavailable("redis-server is not installed")
         self.binary = binary
         self.port = free_port()
+        self.also_on = also_on
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -139,7 +143,9 @@ class ThrowawayRedis:
 
     def start(self) -> None:
         assert self._proc is None, "already started"
-        args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1"]
+        args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", *self.also_on]
+        if self.also_on:  # explicit addresses, no password: protected mode would refuse them
+            args += ["--protected-mode", "no"]
         args += ["--save", "", "--appendonly", "no", "--loglevel", "warning"]
         self._proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
