@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from flowx import metrics
+from flowx.errors import FlowXError
 from flowx.ingress import Delivery, IngressDispatcher, IngressRetry, Started, Verdict
 from flowx.ingress.rabbitmq import RabbitMQIngress
 from flowx.stores.protocols import InstanceQuery
@@ -376,3 +377,28 @@ def test_ordered_takes_one_message_at_a_time() -> None:
         RabbitMQIngress("amqp://guest:guest@localhost/?queue=q&ordered=true&prefetch=8")
     with pytest.raises(BadURL, match="must be true or false"):
         RabbitMQIngress("amqp://guest:guest@localhost/?queue=q&ordered=maybe")
+
+
+async def test_a_broker_down_at_start_is_retried_until_it_answers(
+    queue: TestQueue, consume: Callable[..., Any], broker_proxy: FaultProxy
+) -> None:
+    await broker_proxy.refuse()
+    target = urlsplit(RABBITMQ_URL)
+    via = f"amqp://guest:guest@127.0.0.1:{broker_proxy.port}{target.path or '/'}"
+    consumer = await consume(f"{via}?queue={queue.name}")  # returns: retrying in the background
+    assert consumer._connection is None
+    await queue.publish({"order_id": "o-late"}, message_id="m-late")
+    await broker_proxy.forward()
+    [record] = await completed(consumer._dispatcher.host, 1)
+    assert record.idempotency_key == "m-late"
+
+
+async def test_a_refused_login_is_one_error_without_the_password(host_factory: MakeHost) -> None:
+    target = urlsplit(RABBITMQ_URL)
+    url = f"amqp://guest:Wr0ng-pw@{target.hostname}:{target.port or 5672}/?queue=never"
+    consumer = RabbitMQIngress(url)
+    with pytest.raises(FlowXError, match="RabbitMQ refused the login") as caught:
+        await consumer.start(IngressDispatcher(await host_factory(*FLOWS)))
+    assert caught.value.code == "ingress.refused"
+    assert "Wr0ng" not in str(caught.value)
+    await consumer.stop(timeout=1)
