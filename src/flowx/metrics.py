@@ -226,6 +226,14 @@ RECOVERY_RESUMED = _LabelledCounter(
     "flowx_recovery_resumed", "Instances a recovery sweep resumed (queued or abandoned)"
 )
 
+# -- broker ingress --------------------------------------------------------------------------
+
+#: Broker messages an ingress handled, by outcome: started, duplicate (a redelivered start),
+#: signalled, dead (dead-lettered) or retry (left for the broker to redeliver).
+INGRESS_MESSAGES = _LabelledCounter(
+    "flowx_ingress_messages", "Broker messages handled by ingress, by outcome", "outcome"
+)
+
 # -- retention -------------------------------------------------------------------------------
 
 #: Instances deleted by retention sweeps (archived first when an archiver is set).
