@@ -19,6 +19,7 @@ from flowx.errors import InputInvalid, SerialisationError
 from flowx.hosting.storable import partition_of, start_input, start_keys, tenant_key
 from flowx.plan.model import Plan, SubFlowNode
 from flowx.sealing import Sealing
+from flowx.stores.placement import ShardedIds
 from flowx.stores.records import InstanceRecord, InstanceState, NewInstance
 from flowx.tracing import current_context
 from flowx.validation import field_errors, problems
@@ -41,11 +42,16 @@ def started_input(
     *,
     idempotency_key: str | None,
     correlation_id: str | None,
+    store: ShardedIds | None = None,
 ) -> tuple[str, str]:
     """A start's instance id and its input's stored text, sealed under that id (R9.8). The
-    keys are checked first: the id is derived from the idempotency key."""
+    keys are checked first: the id is derived from the idempotency key. A sharded store
+    (``ShardedIds``) places the id on its tenant's shard first (R6.2): the same key and tenant
+    always meet on one id, on one shard."""
     start_keys(plan, idempotency_key=idempotency_key, correlation_id=correlation_id)
     instance_id = instance_id_for(plan, idempotency_key)
+    if store is not None:
+        instance_id = store.place(instance_id, tenant_key(plan, partition_of(plan, value)))
     with codec.sealing(sealing_of(instance_id)):
         text = start_input(plan, value)
     return instance_id, text

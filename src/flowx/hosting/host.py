@@ -342,7 +342,12 @@ class FlowHost:
         plan = self.plan(flow, version)
         value = validated_input(plan, input)
         instance_id, input_text = started_input(
-            plan, value, ctx.sealing, idempotency_key=idempotency_key, correlation_id=correlation_id
+            plan,
+            value,
+            ctx.sealing,
+            idempotency_key=idempotency_key,
+            correlation_id=correlation_id,
+            store=ctx.placement if plan.durable else None,
         )
         if not plan.durable:
             return await self._start_ephemeral(plan, value)
