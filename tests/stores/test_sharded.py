@@ -1,0 +1,258 @@
+"""A journal sharded by tenant over three PostgreSQL primaries (R6.2, R9.9).
+
+The store conformance suites run through the router too (``tests/conformance/test_stores.py``,
+the ``sharded`` variant). Here: where ids and rows land (checked on each cluster directly, not
+through the router), that reads across shards are the same as one database's, the URL form
+and the CLI over it, and the placement arithmetic's promises (stable, growth moves a tenant
+only to the new shard).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import psycopg
+import pytest
+from pydantic import BaseModel
+
+import flowx
+from flowx.hosting.stores import split_sharded
+from flowx.stores.errors import JournalUnavailable
+from flowx.stores.placement import place, shard_of, tenant_shard
+from flowx.stores.protocols import InstanceQuery
+from flowx.stores.records import InstanceState
+from flowx.stores.sharded import ShardedStores
+from flowx.stores.sharded.fanout import Router
+from flowx.urls import BadURL
+from tests.cli.runner import invoke
+from tests.support.servers import ThrowawayPostgres
+
+
+class Work(BaseModel):
+    tenant: str | None = None
+    n: int = 0
+
+
+class ChildState(BaseModel):
+    x: int | None = None
+
+
+class WorkState(BaseModel):
+    a: int | None = None
+    child: ChildState | None = None
+    b: int | None = None
+
+
+@flowx.capability("shard.add", version="1.0.0")
+async def add(ctx: flowx.StepContext, work: Work) -> int:
+    return work.n + 1
+
+
+child_flow = (
+    flowx.flow("shard.child", version="1", input=Work, state=ChildState).step(add, into="x").build()
+)
+work_flow = (
+    flowx.flow(
+        "shard.work", version="1", input=Work, state=WorkState, partition_key=lambda w: w.tenant
+    )
+    .step(add, into="a")
+    .sub_flow(child_flow, lambda w, s: Work(n=w.n + 10), into="child")
+    .step(add, into="b", name="again")
+    .build()
+)
+
+
+def tenants_per_shard(shards: int, each: int) -> list[str]:
+    """``each`` tenants for every shard, as the hash places them."""
+    chosen: dict[int, list[str]] = {i: [] for i in range(shards)}
+    n = 0
+    while any(len(v) < each for v in chosen.values()):
+        tenant = f"tenant-{n}"
+        n += 1
+        picked = chosen[tenant_shard(tenant, shards)]
+        if len(picked) < each:
+            picked.append(tenant)
+    return [t for v in chosen.values() for t in v]
+
+
+def rows_on(cluster: ThrowawayPostgres, schema: str) -> list[tuple[str, str | None, str | None]]:
+    """``(instance_id, tenant_id, parent_instance_id)`` of every instance on one cluster, read
+    straight from it: what the router says is not the evidence."""
+    with psycopg.connect(cluster.dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            f'SELECT instance_id::text, tenant_id, parent_instance_id::text FROM "{schema}".'  # type: ignore[arg-type]
+            "flow_instance"
+        ).fetchall()
+    return [(r[0], r[1], r[2]) for r in rows]
+
+
+@pytest.fixture
+async def sharded_host(
+    pg_shards: list[ThrowawayPostgres],
+) -> AsyncIterator[tuple[flowx.FlowHost, ShardedStores, str]]:
+    schema = f"flowx_s_{uuid.uuid4().hex[:12]}"
+    store = flowx.sharded([c.dsn for c in pg_shards], schema=schema)
+    assert isinstance(store, ShardedStores)
+    host = flowx.FlowHost(flows=[work_flow, child_flow], store=store)
+    await host.open()
+    try:
+        yield host, store, schema
+    finally:
+        await host.drain(timeout=5)
+
+
+# -- placement arithmetic (no server) --------------------------------------------------------
+
+
+def test_a_placed_id_names_its_shard_and_stays_a_uuid() -> None:
+    for shard in (0, 1, 2, 255):
+        base = str(uuid.uuid4())
+        placed = place(base, shard)
+        assert shard_of(placed) == shard
+        assert uuid.UUID(placed).version == 8
+        assert place(base, shard) == placed  # deterministic: racing starts meet on one id
+        assert place(placed, shard) == placed
+    assert shard_of(str(uuid.uuid4())) is None  # never placed: shard 0's, by the router
+    assert shard_of(str(uuid.uuid5(uuid.NAMESPACE_URL, "x"))) is None
+    assert shard_of("not-a-uuid") is None
+    with pytest.raises(ValueError, match="out of range"):
+        place(str(uuid.uuid4()), 256)
+
+
+def test_an_id_placed_past_the_shards_is_refused_with_what_to_do() -> None:
+    router = Router(2)
+    assert router.shard(str(uuid.uuid4())) == 0
+    assert router.shard(place(str(uuid.uuid4()), 1)) == 1
+    with pytest.raises(JournalUnavailable, match="has 2 shards; name every shard"):
+        router.shard(place(str(uuid.uuid4()), 2))
+
+
+def test_tenants_spread_and_a_new_shard_takes_tenants_only_from_the_others() -> None:
+    tenants = [f"t{i}" for i in range(3000)]
+    three = {t: tenant_shard(t, 3) for t in tenants}
+    assert set(three.values()) == {0, 1, 2}
+    assert all(abs(list(three.values()).count(i) - 1000) < 150 for i in range(3))
+    four = {t: tenant_shard(t, 4) for t in tenants}
+    moved = [t for t in tenants if four[t] != three[t]]
+    assert moved and all(four[t] == 3 for t in moved)  # only to the new shard
+    assert len(moved) < 1000  # about a quarter, never most
+    assert tenant_shard(None, 3) == tenant_shard("", 3)
+    pinned = next(t for t in tenants if three[t] != 2)
+    assert tenant_shard(pinned, 3, {pinned: 2}) == 2
+
+
+def test_the_sharded_url_splits_on_urls_not_on_libpq_host_lists() -> None:
+    url = "sharded:postgresql://u@h1,h2:5432/db?flowx_schema=a,postgres://u@h3/db"
+    assert split_sharded(url) == [
+        "postgresql://u@h1,h2:5432/db?flowx_schema=a",
+        "postgres://u@h3/db",
+    ]
+    with pytest.raises(BadURL, match="is not a shard URL"):
+        split_sharded("sharded:mysql://u:s3cret@h/db")
+    with pytest.raises(BadURL) as refused:
+        flowx.sharded(["postgresql://u:s3cret@h/db", "postgresql://u:s3cret@h/db"])
+    assert "each shard is its own database" in str(refused.value)
+    assert "s3cret" not in str(refused.value)
+    with pytest.raises(BadURL, match="sharded by 'tenant'"):
+        flowx.sharded(["postgresql://h/db"], by="flow")
+    with pytest.raises(BadURL, match="pinned to shard 5"):
+        flowx.sharded(["postgresql://h/db"], pins={"acme": 5})
+
+
+# -- a host on three shards ------------------------------------------------------------------
+
+
+async def test_instances_land_on_their_tenants_shards_and_reads_merge(
+    sharded_host: tuple[flowx.FlowHost, ShardedStores, str],
+    pg_shards: list[ThrowawayPostgres],
+) -> None:
+    host, store, schema = sharded_host
+    tenants = tenants_per_shard(3, 2)
+    handles = [
+        await host.start(work_flow, Work(tenant=t, n=i), idempotency_key=f"k-{t}")
+        for i, t in enumerate(tenants)
+    ]
+    states = await asyncio.gather(*(h.result() for h in handles))
+    assert [s.b for s in states] == [i + 1 for i in range(len(tenants))]
+
+    # Each row is on the cluster its tenant hashes to; each child beside its parent.
+    seen: dict[str, int] = {}
+    for index, cluster in enumerate(pg_shards):
+        for iid, tenant, parent in rows_on(cluster, schema):
+            seen[iid] = index
+            assert tenant is not None and tenant_shard(tenant, 3) == index
+            assert shard_of(iid) == index
+            if parent is not None:
+                assert shard_of(parent) == index
+    parents = {h.instance_id for h in handles}
+    assert parents <= set(seen) and len(seen) == 2 * len(tenants)  # a child each
+    assert {seen[p] for p in parents} == {0, 1, 2}
+
+    # One list across shards is one database's list: newest first, keyset pages agree.
+    everything = await store.catalog.list_instances(InstanceQuery(limit=100))
+    assert {r.instance_id for r in everything} == set(seen)
+    keys = [(r.created_at, r.instance_id) for r in everything]
+    assert keys == sorted(keys, reverse=True)
+    paged: list[str] = []
+    before = None
+    while True:
+        page = await store.catalog.list_instances(InstanceQuery(limit=5, before=before))
+        paged += [r.instance_id for r in page]
+        if len(page) < 5:
+            break
+        before = (page[-1].created_at, page[-1].instance_id)
+    assert paged == [r.instance_id for r in everything]
+    mine = await store.catalog.list_instances(InstanceQuery(tenant_id=tenants[3]))
+    assert len(mine) == 2 and {shard_of(r.instance_id) for r in mine} == {
+        seen[handles[3].instance_id]
+    }
+    counts = await store.catalog.count_instances(InstanceQuery(), by="state")
+    assert counts == {"Completed": 2 * len(tenants)}
+    by_flow = await store.catalog.count_instances(InstanceQuery(), by="flow")
+    assert by_flow == {"shard.child": len(tenants), "shard.work": len(tenants)}
+
+    # The same key and tenant meet on the same id, on the same shard; the key is found.
+    again = await host.start(
+        work_flow, Work(tenant=tenants[4], n=4), idempotency_key=f"k-{tenants[4]}"
+    )
+    assert again.instance_id == handles[4].instance_id and not again.created
+    found = await store.journal.find_by_key("shard.work", f"k-{tenants[0]}")
+    assert found is not None and found.instance_id == handles[0].instance_id
+
+
+async def test_the_cli_reads_across_shards_through_the_sharded_url(
+    sharded_host: tuple[flowx.FlowHost, ShardedStores, str],
+    pg_shards: list[ThrowawayPostgres],
+) -> None:
+    host, _, schema = sharded_host
+    tenants = tenants_per_shard(3, 1)
+    handles = [await host.start(work_flow, Work(tenant=t)) for t in tenants]
+    await asyncio.gather(*(h.result() for h in handles))
+    url = "sharded:" + ",".join(f"{c.dsn}?flowx_schema={schema}" for c in pg_shards)
+
+    def cli(*args: str) -> Any:
+        code, out, err = invoke(*args, "--db", url, "-o", "json")
+        assert code == 0, err
+        return json.loads(out)
+
+    listed = await asyncio.to_thread(cli, "list")
+    assert {d["instance_id"] for d in listed["instances"]} >= {h.instance_id for h in handles}
+    counted = await asyncio.to_thread(cli, "count", "--by", "flow")
+    assert counted["counts"] == {"shard.child": 3, "shard.work": 3}
+    for handle in handles:
+        shown = await asyncio.to_thread(cli, "show", handle.instance_id)
+        assert shown["instance"]["instance_id"] == handle.instance_id
+        assert shown["steps"][0]["step_name"] == "shard.add"
+    state = await host.get(handles[0].instance_id)
+    assert state.state is InstanceState.COMPLETED
+
+
+def test_a_sharded_store_refuses_a_shard_that_is_not_postgresql() -> None:
+    with pytest.raises(TypeError, match=r"shard 0 .* is not a PostgreSQL store"):
+        ShardedStores([flowx.memory()])
+    with pytest.raises(ValueError, match="1 to 256 shards"):
+        ShardedStores([])
