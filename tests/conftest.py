@@ -4,6 +4,7 @@ throwaway Redis."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -96,8 +97,9 @@ def pg_shards() -> Iterator[list[ThrowawayPostgres]]:
     except ServerUnavailable as e:
         pytest.skip(str(e))
     try:
-        for cluster in clusters:
-            cluster.start()
+        # initdb and start are subprocesses: three at once, not one after another.
+        with ThreadPoolExecutor(len(clusters)) as pool:
+            list(pool.map(ThrowawayPostgres.start, clusters))
         yield clusters
     finally:
         for cluster in clusters:
