@@ -256,3 +256,18 @@ def test_a_sharded_store_refuses_a_shard_that_is_not_postgresql() -> None:
         ShardedStores([flowx.memory()])
     with pytest.raises(ValueError, match="1 to 256 shards"):
         ShardedStores([])
+
+
+def test_leases_paired_from_redis_keep_the_journals_placement() -> None:
+    """A sharded journal with its leases in Redis (``with_leases``) still places new ids; a
+    journal that does not shard keeps them as drawn."""
+    urls = ["postgresql://h1/db", "postgresql://h2/db", "postgresql://h3/db"]
+    store = flowx.sharded(urls)
+    assert isinstance(store, ShardedStores)
+    paired = flowx.with_leases(store, flowx.redis_leases("redis://127.0.0.1:6379/0"))
+    drawn = str(uuid.uuid4())
+    tenant = tenants_per_shard(3, 1)[1]
+    assert paired.place(drawn, tenant) == store.place(drawn, tenant)
+    assert shard_of(paired.place(drawn, tenant)) == 1
+    alone = flowx.with_leases(flowx.memory(), flowx.redis_leases("redis://127.0.0.1:6379/0"))
+    assert alone.place(drawn, tenant) == drawn
