@@ -15,11 +15,13 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import psycopg
 import pytest
 from pydantic import BaseModel
 
 import flowx
+from flowx.api import create_app
 from flowx.hosting.stores import split_sharded
 from flowx.stores.errors import JournalUnavailable
 from flowx.stores.placement import place, shard_of, tenant_shard
@@ -271,3 +273,35 @@ def test_leases_paired_from_redis_keep_the_journals_placement() -> None:
     assert shard_of(paired.place(drawn, tenant)) == 1
     alone = flowx.with_leases(flowx.memory(), flowx.redis_leases("redis://127.0.0.1:6379/0"))
     assert alone.place(drawn, tenant) == drawn
+
+
+async def test_the_api_starts_on_the_tenants_shard_and_reads_across_shards(
+    pg_shards: list[ThrowawayPostgres],
+) -> None:
+    token = "sharded-api-token-for-tests"
+    store = flowx.sharded([c.dsn for c in pg_shards], schema=f"flowx_s_{uuid.uuid4().hex[:12]}")
+    settings = flowx.HostSettings.load(api_token=token, recovery=False, timers=False)
+    host = flowx.FlowHost(store=store, flows=[work_flow, child_flow], settings=settings)
+    transport = httpx.ASGITransport(app=create_app(host, run_here=True))
+    headers = {"Authorization": f"Bearer {token}"}
+    async with (
+        host,
+        httpx.AsyncClient(transport=transport, base_url="http://t", headers=headers) as client,
+    ):
+        ids = []
+        for tenant in tenants_per_shard(3, 1):
+            response = await client.post(
+                "/v1/flows/shard.work/instances", json={"input": {"tenant": tenant, "n": 1}}
+            )
+            assert response.status_code == 201, response.text
+            iid = response.json()["instance_id"]
+            assert shard_of(iid) == tenant_shard(tenant, 3)
+            ids.append(iid)
+        for iid in ids:
+            ended = await client.get(f"/v1/instances/{iid}/result?wait=10")
+            assert ended.status_code == 200, ended.text
+            shown = (await client.get(f"/v1/instances/{iid}")).json()
+            assert shown["instance"]["state"] == "Completed"
+        listed = (await client.get("/v1/instances?limit=100")).json()
+        assert {d["instance_id"] for d in listed["instances"]} >= set(ids)
+        assert len(listed["instances"]) == 2 * len(ids)  # each with its child
