@@ -19,7 +19,7 @@ import contextlib
 import heapq
 import itertools
 from collections.abc import AsyncIterator, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 
 from flowx.stores.errors import JournalUnavailable, UnknownConsumer
 from flowx.stores.placement import MAX_SHARDS
@@ -39,6 +39,7 @@ from flowx.stores.sharded.fanout import Router, answering, any_true, every
 __all__ = ["ShardedChanges", "ShardedOutbox", "ShardedRetention"]
 
 _SHARD_BITS = 8
+_EARLIEST = datetime.min.replace(tzinfo=UTC)
 
 
 class _Rotation:
@@ -114,7 +115,7 @@ class ShardedOutbox(_Rotation):
         pages = await every([s.outbox.dead_letters(limit=limit) for s in self._shards])
         rows = sorted(
             itertools.chain.from_iterable(pages),
-            key=lambda e: (e.dead_at or e.staged_at or datetime.min, e.event_id),
+            key=lambda e: (e.dead_at or e.staged_at or _EARLIEST, e.event_id),
         )
         return tuple(rows[:limit])
 
@@ -152,15 +153,22 @@ class ShardedChanges(_Rotation):
     async def read(self, consumer: str, *, limit: int = 500) -> ChangeBatch:
         first: ChangeBatch | None = None
         first_index = 0
+        failed: JournalUnavailable | None = None
         for index in self.order():
-            batch = await self._shards[index].changes.read(consumer, limit=limit)
+            try:
+                batch = await self._shards[index].changes.read(consumer, limit=limit)
+            except JournalUnavailable as exc:  # a shard down holds up only its own events
+                failed = exc
+                continue
             if batch.events:
                 return ChangeBatch(
                     consumer=consumer, events=batch.events, position=_encode(index, batch.position)
                 )
             if first is None:
                 first, first_index = batch, index
-        assert first is not None  # nosec B101  # invariant: a store has at least one shard
+        if first is None:
+            assert failed is not None  # nosec B101  # invariant: a store has at least one shard
+            raise failed
         return ChangeBatch(
             consumer=consumer, events=(), position=_encode(first_index, first.position)
         )
