@@ -159,6 +159,13 @@ async def _crash_and_recover(
     done = [await host.start(JOB, Job(tenant=t, name=t)) for t in others]
     states = await asyncio.gather(*(h.result(timeout=15) for h in done))
     assert [s.last for s in states] == [f"L-{t}" for t in others]
+    # An idempotent start asks only its own shard whether the key was used (R4.1).
+    job = Job(tenant=others[0], name="keyed")
+    keyed = await host.start(JOB, job, idempotency_key="during-the-outage")
+    assert (await keyed.result(timeout=15)).last == "L-keyed"
+    again = await host.start(JOB, job, idempotency_key="during-the-outage")
+    assert again.instance_id == keyed.instance_id and not again.created
+    done.append(keyed)
     scan = await host.recover_once()  # a sweep goes on with the shards that answer
     assert scan.resumed == 0
     with pytest.raises(flowx.JournalUnavailable):

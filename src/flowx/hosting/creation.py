@@ -10,7 +10,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
@@ -24,6 +24,9 @@ from flowx.stores.records import InstanceRecord, InstanceState, NewInstance
 from flowx.tracing import current_context
 from flowx.validation import field_errors, problems
 
+if TYPE_CHECKING:
+    from flowx.hosting.context import NodeContext
+
 #: Instance ids from idempotency keys are derived, so two racing starts contend for one lease.
 INSTANCE_NAMESPACE = uuid.UUID("b3c1f0d2-8a4e-4f6b-9c2d-1e7a5b9f3c40")
 
@@ -33,6 +36,19 @@ def instance_id_for(plan: Plan, idempotency_key: str | None) -> str:
     if idempotency_key is None:
         return str(uuid.uuid4())
     return str(uuid.uuid5(INSTANCE_NAMESPACE, f"{plan.flow_id}\x00{idempotency_key}"))
+
+
+async def find_started(
+    ctx: NodeContext, flow_id: str, idempotency_key: str, instance_id: str
+) -> InstanceRecord | None:
+    """The instance an earlier start with this key made, if any (R4.1). On a sharded store
+    (ids placed) it is the one with the derived id, on the tenant's shard: asked there alone,
+    so one shard down refuses no start on the others (R6.2). An idempotency key is then unique
+    per tenant. Any other store is asked by key."""
+    stores = ctx.require_stores()
+    if ctx.placement is not None:
+        return await stores.journal.get(instance_id)
+    return await stores.journal.find_by_key(flow_id, idempotency_key)
 
 
 def started_input(
