@@ -305,3 +305,22 @@ async def test_the_api_starts_on_the_tenants_shard_and_reads_across_shards(
         listed = (await client.get("/v1/instances?limit=100")).json()
         assert {d["instance_id"] for d in listed["instances"]} >= set(ids)
         assert len(listed["instances"]) == 2 * len(ids)  # each with its child
+
+
+async def test_migrate_with_roles_makes_the_same_roles_on_every_shard(
+    pg_shards: list[ThrowawayPostgres],
+) -> None:
+    """``flowx migrate --roles --db sharded:...`` (R9.8): a worker's login must work on
+    whichever shard its instances are, so every shard gets the roles."""
+    schema = f"flowx_r_{uuid.uuid4().hex[:12]}"
+    url = "sharded:" + ",".join(f"{c.dsn}?flowx_schema={schema}" for c in pg_shards)
+    code, out, err = await asyncio.to_thread(invoke, "migrate", "--roles", "--db", url)
+    assert code == 0, err
+    assert f"{schema}_worker" in out
+    for cluster in pg_shards:
+        with psycopg.connect(cluster.dsn, autocommit=True) as conn:
+            found = conn.execute(
+                "SELECT rolname FROM pg_roles WHERE rolname LIKE %s ORDER BY 1", (f"{schema}_%",)
+            ).fetchall()
+        names = {r[0] for r in found}
+        assert {f"{schema}_{k}" for k in ("owner", "worker", "reader")} <= names

@@ -27,7 +27,7 @@ import asyncio
 import itertools
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from flowx.stores.errors import JournalUnavailable
 from flowx.stores.placement import MAX_SHARDS, place, tenant_shard
@@ -67,6 +67,12 @@ class ShardBackend(
 ):
     """What one shard must offer: everything the PostgreSQL store does, so the router can
     honestly offer it too."""
+
+    async def create_roles(
+        self, *, prefix: str | None = None, grants: Sequence[tuple[str, str]] = ()
+    ) -> dict[str, Any]:
+        """The schema's least-privilege roles (R9.8)."""
+        ...
 
 
 class ShardedStores:
@@ -181,6 +187,15 @@ class ShardedStores:
         return min(known) if known else None
 
     # -- capabilities -------------------------------------------------------------------
+
+    async def create_roles(
+        self, *, prefix: str | None = None, grants: Sequence[tuple[str, str]] = ()
+    ) -> dict[str, Any]:
+        """``flowx migrate --roles`` (R9.8) on every shard: the same group roles and grants
+        on each, so a login works wherever its instances are. What shard 0 made is returned
+        (the others made the same names)."""
+        made = await every([s.create_roles(prefix=prefix, grants=grants) for s in self.shards])
+        return made[0]
 
     def bound_round_trips(self, seconds: float) -> None:
         """``RoundTripBound``: every shard's round trips."""
