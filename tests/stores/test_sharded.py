@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -29,6 +29,7 @@ from flowx.stores.protocols import InstanceQuery
 from flowx.stores.records import InstanceState
 from flowx.stores.sharded import ShardedStores
 from flowx.stores.sharded.fanout import Router
+from flowx.testing.conformance._support import at, commit, event, instance, step
 from flowx.urls import BadURL
 from tests.cli.runner import invoke
 from tests.support.servers import ThrowawayPostgres
@@ -324,3 +325,43 @@ async def test_migrate_with_roles_makes_the_same_roles_on_every_shard(
             ).fetchall()
         names = {r[0] for r in found}
         assert {f"{schema}_{k}" for k in ("owner", "worker", "reader")} <= names
+
+
+async def test_the_outbox_and_the_change_feed_serve_every_shard_one_at_a_time(
+    sharded_schema: Callable[[], ShardedStores],
+) -> None:
+    """Events staged on all three shards: each claim is one shard's (its order intact), and
+    every event goes out; a change consumer reads each shard's events once, its position
+    naming the shard."""
+    store = sharded_schema()
+    await store.open()
+    try:
+        staged: dict[int, list[str]] = {}
+        for shard in range(3):
+            iid = place(str(uuid.uuid4()), shard)
+            await store.journal.create(instance(iid), token=1, now=at(0))
+            events = (event("k"), event("k"))
+            await store.journal.commit(commit(iid, token=1, now=1, step=step(1), events=events))
+            staged[shard] = [e.event_id for e in events]
+        assert await store.changes.subscribe("audit", now=at(2))
+        assert await store.outbox.pending_count() == 6
+        assert (await store.outbox.backlog()).pending == 6
+
+        claimed: list[list[str]] = []
+        for _ in range(4):
+            async with store.outbox.claim(limit=10, now=at(3), owner="p1") as claim:
+                claimed.append([e.event_id for e in claim.events])
+                claim.published(len(claim.events))
+        assert sorted(map(tuple, claimed[:3])) == sorted(tuple(v) for v in staged.values())
+        assert claimed[3] == []
+        assert await store.outbox.pending_count() == 0
+
+        read: list[list[str]] = []
+        for _ in range(4):
+            batch = await store.changes.read("audit")
+            read.append([e.event_id for e in batch.events])
+            await store.changes.commit("audit", batch.position, now=at(4))
+        assert sorted(map(tuple, read[:3])) == sorted(tuple(v) for v in staged.values())
+        assert read[3] == []
+    finally:
+        await store.close()

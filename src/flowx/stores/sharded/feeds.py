@@ -76,7 +76,7 @@ class ShardedOutbox(_Rotation):
     async def claim(
         self, *, limit: int, now: datetime, owner: str, dead_letters_hold_keys: bool = False
     ) -> AsyncIterator[OutboxClaim]:
-        failed: JournalUnavailable | None = None
+        failed: list[JournalUnavailable] = []
         for index in self.order():
             outbox = self._shards[index].outbox
             async with contextlib.AsyncExitStack() as stack:
@@ -90,13 +90,13 @@ class ShardedOutbox(_Rotation):
                         )
                     )
                 except JournalUnavailable as exc:  # a shard down holds up only its own events
-                    failed = exc
+                    failed.append(exc)
                     continue
                 if claim.events:
                     yield claim  # the caller's errors leave through this shard's claim
                     return
-        if failed is not None and len(self._shards) == 1:
-            raise failed
+        if len(failed) == len(self._shards):
+            raise failed[0]  # not one shard answered: the publisher must hear it
         yield _NoEvents()
 
     async def pending_count(self) -> int:
