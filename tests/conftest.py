@@ -4,13 +4,15 @@ throwaway Redis."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 import flowx
+from flowx.stores.sharded import ShardedStores
 from flowx.testing import FakeClock
 from tests.support.hosts import fold_settings
-from tests.support.servers import ServerUnavailable, ThrowawayRedis
+from tests.support.servers import ServerUnavailable, ThrowawayPostgres, ThrowawayRedis
 
 
 @pytest.fixture
@@ -80,3 +82,40 @@ def redis() -> Iterator[ThrowawayRedis]:
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def pg_shards() -> Iterator[list[ThrowawayPostgres]]:
+    """Three PostgreSQL clusters of this session's own, one per shard of a sharded journal
+    (R6.2, R9.9): each on its own port, so a test may stop one without touching the shared
+    server. ``fsync`` off: nothing here outlives the session."""
+    try:
+        clusters = [
+            ThrowawayPostgres(f"flowx-shard{i}-", {"fsync": "off", "max_connections": "300"})
+            for i in range(3)
+        ]
+    except ServerUnavailable as e:
+        pytest.skip(str(e))
+    try:
+        # initdb and start are subprocesses: three at once, not one after another.
+        with ThreadPoolExecutor(len(clusters)) as pool:
+            list(pool.map(ThrowawayPostgres.start, clusters))
+        yield clusters
+    finally:
+        for cluster in clusters:
+            cluster.destroy()
+
+
+@pytest.fixture
+def sharded_schema(pg_shards: list[ThrowawayPostgres]) -> Callable[[], ShardedStores]:
+    """Builds sharded stores over the three clusters, each test in schemas of its own (the
+    clusters are the session's; they are destroyed with it, schemas and all)."""
+    import uuid
+
+    from flowx.stores.postgres import PostgresStores
+
+    def make() -> ShardedStores:
+        schema = f"flowx_s_{uuid.uuid4().hex[:12]}"
+        return ShardedStores([PostgresStores(c.dsn, schema=schema) for c in pg_shards])
+
+    return make

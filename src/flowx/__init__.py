@@ -53,6 +53,7 @@ from flowx.hosting import (
     postgres,
     read_archive,
     redis_leases,
+    sharded,
     sqlite,
     with_leases,
 )
@@ -159,6 +160,7 @@ __all__ = [
     "postgres",
     "read_archive",
     "redis_leases",
+    "sharded",
     "sqlite",
     "with_leases",
 ]

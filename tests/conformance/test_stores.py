@@ -29,7 +29,7 @@ from tests.postgres_support import PG_DSN
 from tests.redis_support import REDIS_URL, drop_redis_prefix
 
 
-@pytest.fixture(params=["memory", "sqlite", "postgres"])
+@pytest.fixture(params=["memory", "sqlite", "postgres", "sharded"])
 async def stores(
     request: pytest.FixtureRequest, tmp_path: Path, pg_schema: Callable[[], str]
 ) -> AsyncIterator[Stores]:
@@ -38,6 +38,8 @@ async def stores(
         backend = MemoryStores()
     elif request.param == "sqlite":
         backend = SqliteStores(tmp_path / "flowx.db")
+    elif request.param == "sharded":  # three PostgreSQL clusters behind one router (R6.2)
+        backend = request.getfixturevalue("sharded_schema")()
     else:
         backend = PostgresStores(PG_DSN, schema=pg_schema())
     await backend.open()
@@ -54,7 +56,7 @@ class TestJournal(JournalConformance):
 class TestLeaseStore(LeaseStoreConformance):
     """Leases run on Redis too, paired with the PostgreSQL journal as in production."""
 
-    @pytest.fixture(params=["memory", "sqlite", "postgres", "redis"])
+    @pytest.fixture(params=["memory", "sqlite", "postgres", "sharded", "redis"])
     async def stores(
         self, request: pytest.FixtureRequest, tmp_path: Path, pg_schema: Callable[[], str]
     ) -> AsyncIterator[Stores]:
@@ -66,6 +68,8 @@ class TestLeaseStore(LeaseStoreConformance):
             backend = SqliteStores(tmp_path / "flowx.db")
         elif request.param == "postgres":
             backend = PostgresStores(PG_DSN, schema=pg_schema())
+        elif request.param == "sharded":
+            backend = request.getfixturevalue("sharded_schema")()
         else:
             backend = with_leases(
                 PostgresStores(PG_DSN, schema=pg_schema()),

@@ -9,7 +9,15 @@ from flowx.hosting.recovery import RecoveryScanResult, RecoveryService
 from flowx.hosting.retention import SweepReport
 from flowx.hosting.settings import HostSettings
 from flowx.hosting.stopping import StopOutcome
-from flowx.hosting.stores import from_url, memory, postgres, redis_leases, sqlite, with_leases
+from flowx.hosting.stores import (
+    from_url,
+    memory,
+    postgres,
+    redis_leases,
+    sharded,
+    sqlite,
+    with_leases,
+)
 from flowx.hosting.timers import TimerService, TimerSweep
 
 __all__ = [
@@ -34,6 +42,7 @@ __all__ = [
     "postgres",
     "read_archive",
     "redis_leases",
+    "sharded",
     "sqlite",
     "with_leases",
 ]

@@ -26,6 +26,7 @@ from flowx.hosting.threads import CapabilityThreads
 from flowx.outbox import OutboxPublisher
 from flowx.sealing import Sealing
 from flowx.stores.errors import JournalUnavailable
+from flowx.stores.placement import ShardedIds
 from flowx.stores.protocols import CommitReleases, LeasedCreate, Stores
 from flowx.stores.records import InstanceRecord, Lease
 
@@ -70,6 +71,11 @@ class NodeContext:
     def leased_create(self) -> bool:
         """The stores write a start's lease and row in one write (``LeasedCreate``)."""
         return isinstance(self.store, LeasedCreate)
+
+    @functools.cached_property
+    def placement(self) -> ShardedIds | None:
+        """The store, when it places new ids on shards (``ShardedIds``, R6.2)."""
+        return self.store if isinstance(self.store, ShardedIds) else None
 
     @functools.cached_property
     def commit_releases(self) -> bool:

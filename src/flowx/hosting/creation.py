@@ -10,7 +10,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
@@ -19,9 +19,13 @@ from flowx.errors import InputInvalid, SerialisationError
 from flowx.hosting.storable import partition_of, start_input, start_keys, tenant_key
 from flowx.plan.model import Plan, SubFlowNode
 from flowx.sealing import Sealing
+from flowx.stores.placement import ShardedIds
 from flowx.stores.records import InstanceRecord, InstanceState, NewInstance
 from flowx.tracing import current_context
 from flowx.validation import field_errors, problems
+
+if TYPE_CHECKING:
+    from flowx.hosting.context import NodeContext
 
 #: Instance ids from idempotency keys are derived, so two racing starts contend for one lease.
 INSTANCE_NAMESPACE = uuid.UUID("b3c1f0d2-8a4e-4f6b-9c2d-1e7a5b9f3c40")
@@ -34,6 +38,19 @@ def instance_id_for(plan: Plan, idempotency_key: str | None) -> str:
     return str(uuid.uuid5(INSTANCE_NAMESPACE, f"{plan.flow_id}\x00{idempotency_key}"))
 
 
+async def find_started(
+    ctx: NodeContext, flow_id: str, idempotency_key: str, instance_id: str
+) -> InstanceRecord | None:
+    """The instance an earlier start with this key made, if any (R4.1). On a sharded store
+    (ids placed) it is the one with the derived id, on the tenant's shard: asked there alone,
+    so one shard down refuses no start on the others (R6.2). An idempotency key is then unique
+    per tenant. Any other store is asked by key."""
+    stores = ctx.require_stores()
+    if ctx.placement is not None:
+        return await stores.journal.get(instance_id)
+    return await stores.journal.find_by_key(flow_id, idempotency_key)
+
+
 def started_input(
     plan: Plan,
     value: BaseModel,
@@ -41,11 +58,16 @@ def started_input(
     *,
     idempotency_key: str | None,
     correlation_id: str | None,
+    store: ShardedIds | None = None,
 ) -> tuple[str, str]:
     """A start's instance id and its input's stored text, sealed under that id (R9.8). The
-    keys are checked first: the id is derived from the idempotency key."""
+    keys are checked first: the id is derived from the idempotency key. A sharded store
+    (``ShardedIds``) places the id on its tenant's shard first (R6.2): the same key and tenant
+    always meet on one id, on one shard."""
     start_keys(plan, idempotency_key=idempotency_key, correlation_id=correlation_id)
     instance_id = instance_id_for(plan, idempotency_key)
+    if store is not None:
+        instance_id = store.place(instance_id, tenant_key(plan, partition_of(plan, value)))
     with codec.sealing(sealing_of(instance_id)):
         text = start_input(plan, value)
     return instance_id, text

@@ -35,7 +35,7 @@ from flowx.errors import (
     InstanceNotFound,
     SettingsError,
 )
-from flowx.hosting import replaying, stopping
+from flowx.hosting import creation, replaying, stopping
 from flowx.hosting.alerts import AlertSink, LoggingAlertSink
 from flowx.hosting.archive import Archiver
 from flowx.hosting.catalog import PlanCatalog, refuse_unsealable
@@ -342,13 +342,18 @@ class FlowHost:
         plan = self.plan(flow, version)
         value = validated_input(plan, input)
         instance_id, input_text = started_input(
-            plan, value, ctx.sealing, idempotency_key=idempotency_key, correlation_id=correlation_id
+            plan,
+            value,
+            ctx.sealing,
+            idempotency_key=idempotency_key,
+            correlation_id=correlation_id,
+            store=ctx.placement if plan.durable else None,
         )
         if not plan.durable:
             return await self._start_ephemeral(plan, value)
-        stores = ctx.require_stores()
+        ctx.require_stores()  # none, or not reachable: the clear error before anything else
         if idempotency_key is not None:
-            existing = await stores.journal.find_by_key(plan.flow_id, idempotency_key)
+            existing = await creation.find_started(ctx, plan.flow_id, idempotency_key, instance_id)
             if existing is not None:
                 return self._existing(plan, existing, input_text)
         attrs = {"flow": plan.flow_id, "version": plan.version, "tenant": None}

@@ -7,6 +7,8 @@ URL is used, so the embedded default needs no extra.
 from __future__ import annotations
 
 import dataclasses
+import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,7 @@ from flowx.errors import FlowXError
 from flowx.stores.memory import MemoryStores
 from flowx.stores.paired import with_leases
 
-__all__ = ["from_url", "memory", "postgres", "redis_leases", "sqlite", "with_leases"]
+__all__ = ["from_url", "memory", "postgres", "redis_leases", "sharded", "sqlite", "with_leases"]
 from flowx.stores.protocols import Stores
 from flowx.stores.sqlite import SqliteStores
 from flowx.urls import (
@@ -28,6 +30,10 @@ from flowx.urls import (
 )
 
 DEFAULT_URL = "sqlite:///flowx.db"
+#: ``sharded:URL,URL,...``: a comma that starts another ``postgres(ql)://`` URL separates
+#: shards; any other comma is the URL's own (libpq's ``host1,host2`` failover list).
+SHARDED_PREFIX = "sharded:"
+_NEXT_SHARD = re.compile(r",(?=postgres(?:ql)?://)")
 
 
 def sqlite(path: str | Path = "flowx.db", *, migrate: bool = True) -> SqliteStores:
@@ -72,6 +78,54 @@ def postgres(dsn: str, *, schema: str | None = None, migrate: bool = True, **poo
         base = pool.get("limits") or SessionLimits()
         pool["limits"] = dataclasses.replace(base, **limits)
     return PostgresStores(clean, schema=chosen, migrate=migrate, **pool)
+
+
+def sharded(
+    urls: Sequence[str],
+    *,
+    by: str = "tenant",
+    schema: str | None = None,
+    migrate: bool = True,
+    pins: Mapping[str, int] | None = None,
+    **pool: Any,
+) -> Stores:
+    """A journal sharded by tenant over several PostgreSQL primaries (R6.2, R9.9): each
+    instance lives on the shard of its tenant, for good (its id names it). ``urls`` are the
+    shards in order; the order is part of the data: name the same URLs in the same order on
+    every node and tool. ``pins`` (tenant → shard index) overrides the hash for those tenants
+    (README "Sharding the journal"). Every other argument is ``postgres``'s, for each shard."""
+    if by != "tenant":
+        raise BadURL(f"a journal is sharded by 'tenant', not {by!r}", url=str(by))
+    if isinstance(urls, str):
+        urls = split_sharded(urls)
+    if not urls:
+        raise BadURL("a sharded store needs at least one postgresql:// URL", url="")
+    if len(set(urls)) != len(urls):
+        raise BadURL(
+            "a sharded store names the same URL twice; each shard is its own database",
+            url=redact(",".join(urls)),
+        )
+    from flowx.stores.sharded import ShardedStores
+
+    shards = [postgres(u, schema=schema, migrate=migrate, **dict(pool)) for u in urls]
+    try:
+        return ShardedStores(shards, pins=pins)
+    except ValueError as exc:
+        raise BadURL(str(exc), url=redact(",".join(urls))) from exc
+
+
+def split_sharded(url: str) -> list[str]:
+    """The shard URLs of ``sharded:URL,URL,...`` (or of the list without the prefix)."""
+    body = url.removeprefix(SHARDED_PREFIX)
+    parts = [p for p in _NEXT_SHARD.split(body) if p]
+    for part in parts:
+        if not part.startswith(("postgres://", "postgresql://")):
+            raise BadURL(
+                f"{redact(part)!r} is not a shard URL; write "
+                "sharded:postgresql://host1/db,postgresql://host2/db",
+                url=redact(url),
+            )
+    return parts
 
 
 def redis_leases(url: str = "redis://127.0.0.1:6379/0", **kw: Any) -> Any:
@@ -122,8 +176,10 @@ def from_url(url: str, *, migrate: bool = True, leases: str | None = None) -> St
         return memory()
     if url.startswith(("postgres://", "postgresql://")):
         return postgres(url, migrate=migrate)
+    if url.startswith(SHARDED_PREFIX):
+        return sharded(split_sharded(url), migrate=migrate)
     raise BadURL(
         f"unknown store URL {redact(url)!r}; use sqlite:///path/to/flowx.db, "
-        "postgresql://... or memory://",
+        "postgresql://..., sharded:postgresql://...,postgresql://... or memory://",
         url=redact(url),
     )

@@ -13,6 +13,7 @@ import asyncio
 from datetime import datetime
 from typing import Protocol
 
+from flowx.stores.placement import ShardedIds
 from flowx.stores.protocols import (
     ChangeFeed,
     FlowJournal,
@@ -115,6 +116,13 @@ class PairedStores:
 
     async def schema_version(self) -> int | None:
         return await self._base.schema_version()
+
+    def place(self, instance_id: str, tenant: str | None) -> str:
+        """``ShardedIds`` from the journal when it places ids (a sharded one, its leases in
+        Redis); any other journal keeps the id as drawn."""
+        if isinstance(self._base, ShardedIds):
+            return self._base.place(instance_id, tenant)
+        return instance_id
 
     async def wait_work(self, timeout: float) -> bool:
         """``WorkWakeups`` from the journal, which is where work is made; a journal that

@@ -20,6 +20,7 @@ from flowx.engine.ports import WaitPort
 from flowx.engine.run import Run
 from flowx.errors import InputInvalid
 from flowx.plan.model import SubFlowNode
+from flowx.stores.placement import inherit
 from flowx.stores.records import CHILD_WAIT, InstanceRecord, InstanceState, Outcome
 
 #: Child instance ids are derived from (parent, scope, step), so a parent re-executed after a
@@ -28,8 +29,9 @@ CHILD_NAMESPACE = uuid.UUID("0c5e7a1d-93f4-4b2e-8d6a-5f1b2c3d4e70")
 
 
 def child_instance_id(parent_id: str, scope: str, step_id: int) -> str:
-    """The id of the child a parent starts at ``(scope, step_id)``: derived, never drawn."""
-    return str(uuid.uuid5(CHILD_NAMESPACE, f"{parent_id}/{scope}/{step_id}"))
+    """The id of the child a parent starts at ``(scope, step_id)``: derived, never drawn, and
+    on its parent's shard when the parent's id is placed on one (R6.2)."""
+    return inherit(str(uuid.uuid5(CHILD_NAMESPACE, f"{parent_id}/{scope}/{step_id}")), parent_id)
 
 
 class ChildUndo:
