@@ -1,0 +1,491 @@
+"""NATS JetStream ingress: a durable pull consumer whose messages start instances or signal
+them (R6.1, R9.9).
+
+The URL names the server, the stream and the consumer::
+
+    nats://[user:password@]host:4222/<stream>/<consumer>[?dead_subject=...][&tls_ca=...]
+    tls://host:4222/<stream>/<consumer>?tls_ca=ca.pem&tls_cert=me.pem&tls_key=me.key
+
+The stream must exist (operators own streams; the ingress never creates one it reads). The
+consumer is created if absent: durable, pull, explicit ack, unlimited redeliveries (a message
+must never be dropped because *our* side was down too often) and ``max_ack_pending`` bounding
+what the workers together hold unacked. Every worker naming the same consumer shares it:
+competing consumers, each message to one of them. TLS: as the outbox's NATS publisher
+(``tls_ca``, ``tls_cert``, ``tls_key``; ``flowx.outbox.nats_jetstream.tls_context``).
+
+Each message becomes a ``Delivery``: its subject, its headers (names lower-cased, as the
+message contract spells them), and its id — the publisher's ``Nats-Msg-Id`` when it set one,
+else ``nats:<stream>:<stream created>:<stream sequence>``. The stream sequence is stable
+across redeliveries (a consumer sequence is not), and the stream's creation time keeps a
+stream deleted and created again from reusing an earlier stream's keys. Then, by verdict:
+
+* ``Started``/``Signalled``: the start or signal is committed, so the message is acked, with
+  a double ack (``ack_sync``: the server confirms it) — a lost ack only means a redelivery,
+  which the idempotency key makes inert.
+* ``Dead``: the message is published to ``<dead_subject>.<subject>`` (default
+  ``dead_subject``: ``flowx.dead.<stream>``) with the headers ``flowx-dead-code`` and
+  ``flowx-dead-reason``, its own headers and body, and the publish ack is awaited; only then
+  is the original terminated (``term``: never redelivered). If no stream captures the dead
+  subject, one named ``<stream>_DEAD`` is created for it; a dead subject the ingress stream
+  itself captures is refused (the dead letter would come back as work). If the dead-letter
+  publish fails, the original is nak'ed with a delay and tried again later.
+* ``IngressRetry`` (our side is down) or any other error: ``nak`` with a backoff that grows
+  with the number of deliveries (``retry_delay`` doubled per delivery, at most
+  ``MAX_RETRY_DELAY``); never ``term``.
+
+While a message is handled, ``in_progress`` is sent every third of the consumer's AckWait, so
+a slow start is not redelivered to another worker meanwhile. Backpressure: a fetch asks for at
+most the host's free flow slots (less the messages being handled); with no free slot nothing
+is fetched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+from dataclasses import dataclass
+from typing import Any, Final
+from urllib.parse import urlunsplit
+
+from flowx.errors import FlowXError
+from flowx.ingress.core import (
+    DEAD_CODE_HEADER,
+    DEAD_REASON_HEADER,
+    Dead,
+    Delivery,
+    IngressDispatcher,
+    IngressRetry,
+)
+from flowx.outbox.nats_jetstream import TLS_PARAMS, tls_context
+from flowx.redaction import guard_logs, redact
+from flowx.urls import BadURL, check_text, split, take_params
+
+log = logging.getLogger("flowx.ingress.nats")
+
+__all__ = ["NatsIngressUnavailable", "NatsJetStreamIngress", "NatsTarget", "open_ingress"]
+
+_CODE: Final = "ingress.bad_url"
+_USAGE: Final = (
+    "use nats://host:4222/<stream>/<consumer> (or tls://...), optionally with "
+    "?dead_subject=<subject prefix> and tls_ca=, tls_cert=, tls_key="
+)
+#: A stream or consumer name JetStream accepts: no '.', '*', '>', space or path separator.
+_NAME: Final = re.compile(r"[A-Za-z0-9_-]{1,200}")
+#: A literal subject: dot-separated tokens, no wildcards, no white space.
+_SUBJECT: Final = re.compile(r"[^.*>\s]+(\.[^.*>\s]+)*")
+#: The longest nak delay, whatever the number of deliveries.
+MAX_RETRY_DELAY: Final = 60.0
+#: How often a worker with no free slot looks again (in-flight instances end without a signal
+#: this module could wait on).
+_ROOM_POLL: Final = 0.05
+
+
+class NatsIngressUnavailable(FlowXError):
+    """The server, the stream, the consumer or the dead-letter stream cannot be used as the
+    URL asks; the message says which and what to do."""
+
+    code = "ingress.unavailable"
+
+
+@dataclass(frozen=True)
+class NatsTarget:
+    """A parsed ingress URL: ``server`` is what nats-py connects to (no path, no FlowX
+    parameters), ``shown`` the URL with its secrets redacted."""
+
+    server: str
+    stream: str
+    consumer: str
+    dead_prefix: str
+    tls_files: dict[str, str]
+    shown: str
+
+    @property
+    def wants_tls(self) -> bool:
+        return bool(self.tls_files) or self.server.startswith("tls://")
+
+
+def parse_url(url: str) -> NatsTarget:
+    """``url`` checked and taken apart; ``BadURL`` naming what is wrong otherwise."""
+    check_text(url, "NATS ingress")
+    shown = redact(url)
+    server, params = take_params(url, lambda _name: True)
+    unknown = sorted(set(params) - {"dead_subject", *TLS_PARAMS})
+    if unknown:
+        raise BadURL(
+            f"NATS ingress URL {shown!r}: unknown parameter {unknown[0]!r}; {_USAGE}",
+            url=shown,
+            code=_CODE,
+        )
+    parts = split(server, "NATS ingress", code=_CODE)
+    segments = parts.path.strip("/").split("/") if parts.path.strip("/") else []
+    if parts.scheme not in ("nats", "tls") or not parts.hostname or len(segments) != 2:
+        raise BadURL(f"NATS ingress URL {shown!r} is not usable: {_USAGE}", url=shown, code=_CODE)
+    stream, consumer = segments
+    for what, name in (("stream", stream), ("consumer", consumer)):
+        if not _NAME.fullmatch(name):
+            raise BadURL(
+                f"NATS ingress URL {shown!r}: {what} name {redact(name)!r} may hold only "
+                "letters, digits, '-' and '_'",
+                url=shown,
+                code=_CODE,
+            )
+    dead_prefix = params.get("dead_subject") or f"flowx.dead.{stream}"
+    if not _SUBJECT.fullmatch(dead_prefix):
+        raise BadURL(
+            f"NATS ingress URL {shown!r}: dead_subject {redact(dead_prefix)!r} must be a "
+            "subject without wildcards or spaces, e.g. dead_subject=orders_dead",
+            url=shown,
+            code=_CODE,
+        )
+    tls_files = {k: v for k, v in params.items() if k in TLS_PARAMS}
+    server_url = urlunsplit((parts.scheme, parts.netloc, "", "", ""))
+    return NatsTarget(server_url, stream, consumer, dead_prefix, tls_files, shown)
+
+
+class NatsJetStreamIngress:
+    """Consumes one durable pull consumer into ``dispatcher`` until ``stop``.
+
+    ``batch``: the most messages one fetch asks for; ``fetch_wait``: how long an idle fetch
+    waits for messages (and so how long ``stop`` may wait for one in flight); ``ack_wait`` and
+    ``max_ack_pending``: the consumer's, when this creates it; ``retry_delay``: the first nak
+    delay after ``IngressRetry``; ``timeout``: for connecting and each JetStream request.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        dispatcher: IngressDispatcher,
+        *,
+        batch: int = 64,
+        fetch_wait: float = 1.0,
+        ack_wait: float = 30.0,
+        max_ack_pending: int = 1_000,
+        retry_delay: float = 1.0,
+        timeout: float = 5.0,
+    ) -> None:
+        if batch < 1 or max_ack_pending < 1:
+            raise ValueError("batch and max_ack_pending must be at least 1")
+        if min(fetch_wait, ack_wait, retry_delay, timeout) <= 0:
+            raise ValueError("fetch_wait, ack_wait, retry_delay and timeout must be positive")
+        self.target = parse_url(url)
+        if self.target.wants_tls:  # a missing or unreadable file is refused now
+            tls_context(self.target.shown, self.target.tls_files)
+        self.dispatcher = dispatcher
+        self._batch = batch
+        self._fetch_wait = fetch_wait
+        self._ack_wait = ack_wait
+        self._max_ack_pending = max_ack_pending
+        self._retry_delay = retry_delay
+        self._timeout = timeout
+        self._nc: Any = None
+        self._js: Any = None
+        self._sub: Any = None
+        self._epoch = ""  # the stream's creation time, part of a sequence-based message id
+        self._dead_stream = ""
+        self._keepalive_every = ack_wait / 3
+        self._handling: set[asyncio.Task[None]] = set()
+        self._stopping = asyncio.Event()
+        self._stopped = asyncio.Event()
+        self._running = False
+
+    @property
+    def name(self) -> str:
+        return "nats-jetstream"
+
+    # -- opening ---------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Connect, check the stream, create the consumer and the dead-letter stream if
+        absent, and bind the pull subscription; ``NatsIngressUnavailable`` saying what is
+        missing (the server unreachable, no such stream, a push consumer)."""
+        if self._sub is not None:
+            return
+        try:
+            await self._connect()
+            await self._prepare()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def _connect(self) -> None:
+        from nats.aio.client import Client
+
+        guard_logs("nats", "flowx")  # R9.8: a driver's line never shows the URL's secrets
+        target = self.target
+        tls = tls_context(target.shown, target.tls_files) if target.wants_tls else None
+
+        async def quiet(_exc: Exception) -> None:
+            return None
+
+        # Reconnect for ever once connected (a broker restart must not end the ingress); the
+        # first connect is bounded by ``timeout`` instead, as nats-py would retry it for ever.
+        nc: Any = Client()  # typed loosely: its stubs want ints where floats work
+        self._nc = nc
+        try:
+            async with asyncio.timeout(self._timeout):
+                await nc.connect(
+                    target.server,
+                    connect_timeout=max(1, round(self._timeout)),
+                    allow_reconnect=True,
+                    max_reconnect_attempts=-1,
+                    reconnect_time_wait=0.5,
+                    error_cb=quiet,
+                    **({"tls": tls} if tls is not None else {}),
+                )
+        except Exception as exc:
+            raise NatsIngressUnavailable(
+                f"NATS at {target.shown!r} cannot be reached: "
+                f"{redact(repr(exc), secrets_of=(target.server,))}"
+            ) from exc
+        if tls is not None and not nc._server_info.get("tls_required"):
+            raise NatsIngressUnavailable(
+                f"NATS at {target.shown!r} does not require TLS, which the URL asks for"
+            )
+        self._js = nc.jetstream(timeout=self._timeout)
+
+    async def _prepare(self) -> None:
+        from nats.js import api
+        from nats.js.errors import NotFoundError
+
+        target, jsm = self.target, self._js._jsm
+        try:
+            info = await jsm.stream_info(target.stream)
+        except NotFoundError as exc:
+            raise NatsIngressUnavailable(
+                f"NATS stream {target.stream!r} does not exist: create it with the subjects "
+                f"the ingress reads (e.g. nats stream add {target.stream} --subjects 'orders.>')"
+            ) from exc
+        created = info.created
+        self._epoch = str(int(created.timestamp() * 1_000_000)) if created else "0"
+        try:
+            consumer = await jsm.consumer_info(target.stream, target.consumer)
+        except NotFoundError:
+            consumer = await jsm.add_consumer(
+                target.stream,
+                api.ConsumerConfig(
+                    durable_name=target.consumer,
+                    ack_policy=api.AckPolicy.EXPLICIT,
+                    ack_wait=self._ack_wait,
+                    max_deliver=-1,
+                    max_ack_pending=self._max_ack_pending,
+                ),
+            )
+        config = consumer.config
+        if config.deliver_subject or config.ack_policy != api.AckPolicy.EXPLICIT:
+            raise NatsIngressUnavailable(
+                f"NATS consumer {target.consumer!r} on {target.stream!r} must be a pull "
+                "consumer with explicit acks; name another consumer (the ingress creates it)"
+            )
+        if config.ack_wait:
+            self._keepalive_every = max(0.1, config.ack_wait / 3)
+        if config.max_deliver not in (None, -1, 0):
+            log.warning(
+                "NATS consumer %r on %r stops redelivering after %d deliveries: a message our "
+                "side could not take that often is dropped, not dead-lettered; use a consumer "
+                "with unlimited deliveries (the ingress creates one so)",
+                target.consumer,
+                target.stream,
+                config.max_deliver,
+            )
+        self._dead_stream = await self._dead_letter_stream(info.config.subjects or [])
+        self._sub = await self._js.pull_subscribe_bind(
+            durable=target.consumer, stream=target.stream
+        )
+
+    async def _dead_letter_stream(self, own_subjects: list[str]) -> str:
+        """The stream that captures ``<dead_prefix>.>``: an existing one, or ``<stream>_DEAD``
+        created now. Two workers creating it at once both succeed (same configuration)."""
+        from nats.js import api
+        from nats.js.errors import NotFoundError
+
+        target, jsm = self.target, self._js._jsm
+        wanted = f"{target.dead_prefix}.>"
+        try:
+            found: str = await jsm.find_stream_name_by_subject(wanted)
+        except NotFoundError:
+            found = ""
+        if found == target.stream or any(_covers(s, wanted) for s in own_subjects):
+            raise NatsIngressUnavailable(
+                f"NATS stream {target.stream!r} captures the dead-letter subject "
+                f"{wanted!r}: dead letters would come back as work; set dead_subject= to a "
+                "subject outside the stream"
+            )
+        if found:
+            return found
+        name = f"{target.stream}_DEAD"
+        try:
+            await jsm.add_stream(api.StreamConfig(name=name, subjects=[wanted]))
+        except Exception as exc:
+            raise NatsIngressUnavailable(
+                f"the dead-letter stream {name!r} for {wanted!r} cannot be created: "
+                f"{redact(str(exc))}; create a stream capturing it, or set dead_subject="
+            ) from exc
+        return name
+
+    # -- consuming -------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Fetch and handle messages until ``stop``; opens first if ``open`` was not called.
+        Returns once the messages being handled are settled."""
+        await self.open()
+        self._running = True
+        try:
+            while not self._stopping.is_set():
+                room = min(self._batch, self.dispatcher.free_slots() - len(self._handling))
+                if room <= 0:  # backpressure: no free slot, no fetch
+                    await self._wait_stopping(_ROOM_POLL)
+                    continue
+                for msg in await self._fetch(room):
+                    task = asyncio.create_task(self._settle(msg))
+                    self._handling.add(task)
+                    task.add_done_callback(self._handling.discard)
+        finally:
+            if self._handling:
+                await asyncio.wait(set(self._handling))
+            self._stopped.set()
+
+    async def _fetch(self, room: int) -> list[Any]:
+        from nats.errors import TimeoutError as NatsTimeout
+
+        try:
+            msgs: list[Any] = await self._sub.fetch(room, timeout=self._fetch_wait)
+        except (NatsTimeout, TimeoutError):
+            return []  # nothing to take
+        except Exception as exc:  # disconnected, the consumer deleted, ...: try again soon
+            log.warning(
+                "NATS ingress %s: fetch failed, trying again: %s",
+                self.target.shown,
+                redact(repr(exc), secrets_of=(self.target.server,)),
+            )
+            await self._wait_stopping(self._retry_delay)
+            return []
+        return msgs
+
+    async def _wait_stopping(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+
+    def delivery(self, msg: Any) -> Delivery:
+        """What the dispatcher sees of ``msg`` (see the module docstring for its id)."""
+        meta = msg.metadata
+        headers = {str(k).lower(): str(v) for k, v in (msg.headers or {}).items()}
+        message_id = headers.get("nats-msg-id") or (
+            f"nats:{self.target.stream}:{self._epoch}:{meta.sequence.stream}"
+        )
+        return Delivery(
+            body=msg.data,
+            message_id=message_id,
+            headers=headers,
+            subject=msg.subject,
+            redelivered=meta.num_delivered > 1,
+        )
+
+    async def _settle(self, msg: Any) -> None:
+        """Handle one message and ack, dead-letter or nak it by the verdict."""
+        try:
+            delivery = self.delivery(msg)
+        except Exception as exc:  # not a JetStream message: nothing can ack it
+            log.warning("NATS ingress %s: unusable message: %r", self.target.shown, exc)
+            return
+        keepalive = asyncio.create_task(self._keep_alive(msg))
+        try:
+            verdict = await self.dispatcher.handle(delivery)
+        except Exception as exc:
+            if not isinstance(exc, IngressRetry):
+                log.exception("NATS ingress %s: handling a message failed", self.target.shown)
+            await self._nak(msg, delivery, exc)
+            return
+        finally:
+            keepalive.cancel()
+        if isinstance(verdict, Dead):
+            await self._dead_letter(msg, delivery, verdict)
+            return
+        try:
+            await msg.ack_sync(timeout=self._timeout)
+        except Exception as exc:  # not confirmed: a redelivery finds the recorded start
+            log.info("NATS ingress %s: ack not confirmed: %r", self.target.shown, exc)
+
+    async def _keep_alive(self, msg: Any) -> None:
+        """``in_progress`` every third of AckWait: a slow handle keeps its message."""
+        while True:
+            await asyncio.sleep(self._keepalive_every)
+            with contextlib.suppress(Exception):
+                await msg.in_progress()
+
+    async def _nak(self, msg: Any, delivery: Delivery, why: BaseException) -> None:
+        """Our side failed: redeliver later, after a delay that grows with each delivery."""
+        deliveries = msg.metadata.num_delivered
+        delay = min(MAX_RETRY_DELAY, self._retry_delay * 2 ** min(deliveries - 1, 16))
+        log.warning(
+            "NATS ingress %s: message %s left for a redelivery in %.1fs: %s",
+            self.target.shown,
+            redact(delivery.message_id or "-"),
+            delay,
+            redact(str(why)),
+        )
+        with contextlib.suppress(Exception):  # unsent: AckWait redelivers it anyway
+            await msg.nak(delay=delay)
+
+    async def _dead_letter(self, msg: Any, delivery: Delivery, dead: Dead) -> None:
+        """Publish the dead letter, wait for its ack, then terminate the original."""
+        seq = msg.metadata.sequence.stream
+        headers = {
+            k: v for k, v in (msg.headers or {}).items() if not k.lower().startswith("nats-")
+        }
+        headers[DEAD_CODE_HEADER] = dead.code
+        headers[DEAD_REASON_HEADER] = dead.reason
+        headers["flowx-dead-subject"] = msg.subject
+        headers["flowx-dead-message-id"] = delivery.message_id or ""
+        # Published again after a crash before the term, it is deduplicated by the stream.
+        headers["Nats-Msg-Id"] = f"flowx-dead:{self.target.stream}:{self._epoch}:{seq}"
+        subject = f"{self.target.dead_prefix}.{msg.subject}"
+        try:
+            await self._js.publish(
+                subject, msg.data, timeout=self._timeout, stream=self._dead_stream, headers=headers
+            )
+        except Exception as exc:
+            await self._nak(msg, delivery, RuntimeError(f"dead-letter publish failed: {exc!r}"))
+            return
+        with contextlib.suppress(Exception):  # unsent: redelivered, dead again, deduplicated
+            await msg.term()
+
+    # -- stopping --------------------------------------------------------------------------
+
+    async def stop(self) -> None:
+        """Stop fetching, let the messages being handled settle, then close. Safe to call
+        more than once, and before ``run``."""
+        self._stopping.set()
+        if self._running:
+            await self._stopped.wait()
+        await self.close()
+
+    async def close(self) -> None:
+        """Drop the connection; unacked messages are redelivered by the server."""
+        nc, self._nc, self._js, self._sub = self._nc, None, None, None
+        if nc is not None and not nc.is_closed:
+            with contextlib.suppress(Exception):
+                await nc.close()
+
+
+def _covers(pattern: str, subject: str) -> bool:
+    """Whether the stream subject ``pattern`` overlaps ``subject`` (both may hold ``*`` and a
+    trailing ``>``): a dead letter published under ``subject`` would land in its stream."""
+    a, b = pattern.split("."), subject.split(".")
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x == ">" or y == ">":
+            return True
+        if x != y and "*" not in (x, y):
+            return False
+        if i == min(len(a), len(b)) - 1 and len(a) == len(b):
+            return True
+    return False
+
+
+async def open_ingress(url: str, dispatcher: IngressDispatcher) -> NatsJetStreamIngress:
+    """The ingress ``url`` names, opened (so a missing stream or an unreachable server is
+    said at start-up); then ``await ingress.run()`` until ``await ingress.stop()``."""
+    ingress = NatsJetStreamIngress(url, dispatcher)
+    await ingress.open()
+    return ingress
