@@ -13,6 +13,7 @@ from flowx.cli.exits import fail, run
 from flowx.errors import FlowXError
 from flowx.hosting.settings import HostSettings
 from flowx.hosting.worker import configure_logging, load_flows, serve
+from flowx.ingress.service import IngressService
 
 
 def settings_options(fn: Any) -> Any:
@@ -53,6 +54,16 @@ def settings_options(fn: Any) -> Any:
     help="Drain the outbox to this broker: redis://…, amqp://… or nats://… (comma-separated "
     "for several); also FLOWX_PUBLISH_URL. Any number of workers may publish at once.",
 )
+@click.option(
+    "--ingress",
+    "ingress_urls",
+    envvar="FLOWX_INGRESS_URL",
+    multiple=True,
+    help="Take work from this broker queue: amqp://user:pass@host:5672/vhost?queue=orders "
+    "(RabbitMQ) or nats://host:4222?… (NATS JetStream); repeatable or comma-separated; also "
+    "FLOWX_INGRESS_URL. Each message starts an instance or delivers a signal; poison goes "
+    "to a dead-letter queue.",
+)
 @settings_options
 def worker(
     db: str,
@@ -62,6 +73,7 @@ def worker(
     log_level: str,
     ready_file: Path | None,
     publish_url: str | None,
+    ingress_urls: tuple[str, ...],
     **given: Any,
 ) -> None:
     """Run a node: execute instances, renew leases, recover, drain on SIGTERM.
@@ -74,6 +86,7 @@ def worker(
     try:
         settings = HostSettings.load(**given)
         plans = load_flows(flows)
+        services = [IngressService.from_urls(ingress_urls)] if ingress_urls else []
     except FlowXError as exc:
         fail(exc)
     code = run(
@@ -85,6 +98,7 @@ def worker(
             ready_file=ready_file,
             publish_url=publish_url,
             exit_watchdog=True,
+            services=services,
         )
     )
     sys.exit(code)

@@ -15,10 +15,10 @@ import importlib
 import json
 import logging
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from flowx.errors import FlowsInvalid, FlowXError
 from flowx.hosting.host import FlowHost
@@ -130,6 +130,19 @@ def configure_logging(fmt: str, level: str) -> None:
         library.setLevel(logging.DEBUG if level.lower() == "debug" else logging.WARNING)
 
 
+class WorkerService(Protocol):
+    """Something a worker runs beside its node (the broker ingress, ``flowx.ingress``): started
+    once the node is ready, stopped before the node drains, so it hands the node no new work
+    while the node is stopping."""
+
+    @property
+    def name(self) -> str: ...
+
+    async def start(self, host: FlowHost) -> None: ...
+
+    async def stop(self, timeout: float) -> None: ...
+
+
 async def serve(
     *,
     store_url: str,
@@ -140,8 +153,12 @@ async def serve(
     ready_file: Path | None = None,
     publish_url: str | None = None,
     exit_watchdog: bool = False,
+    services: Sequence[WorkerService] = (),
 ) -> int:
     """Run a node until SIGTERM/SIGINT, then drain. Returns the exit code.
+
+    ``services`` (the ``--ingress`` consumers) start once the node is ready, before the
+    ready file is written, and stop first on the drain, each within the drain budget.
 
     ``exit_watchdog`` (the ``flowx worker`` process sets it): once stopped, the process is
     ended shortly after if something (a non-daemon thread) would keep it alive."""
@@ -185,10 +202,21 @@ async def serve(
         host.store.describe() if host.store else "-",
         ", ".join(p.ref for p in plans),
     )
+    budget = settings.shutdown_drain_timeout.total_seconds()
+    running: list[WorkerService] = []
+    for service in services:
+        try:
+            await service.start(host)
+        except BaseException:
+            await _stop_services(running, budget)
+            await host.drain()
+            raise
+        running.append(service)
     if ready_file is not None:
         try:
             ready_file.write_text(host.node_id)  # noqa: ASYNC240 - one tiny write at start-up
         except OSError as exc:  # a supervisor waits on this file: without it, stop at once
+            await _stop_services(running, budget)
             await host.drain()
             raise FlowXError(
                 f"cannot write --ready-file {str(ready_file)!r}: {exc.strerror or exc}",
@@ -198,6 +226,7 @@ async def serve(
     log.info("worker %s draining (%d in flight)", host.node_id, host.in_flight)
     if ready_file is not None:
         ready_file.unlink(missing_ok=True)  # noqa: ASYNC240 - not ready any more, at once
+    await _stop_services(running, budget)  # no new work first: then the node drains
     await host.drain()
     if host.stuck_threads:
         log.warning(
@@ -210,3 +239,13 @@ async def serve(
     if exit_watchdog:
         arm_exit_watchdog(0)
     return 0
+
+
+async def _stop_services(services: list[WorkerService], budget: float) -> None:
+    """Stop ``services``, newest first; one that fails to stop cleanly is logged, not raised:
+    the node must still drain and release its leases."""
+    for service in reversed(services):
+        try:
+            await service.stop(budget)
+        except Exception as exc:
+            log.warning("stopping %s failed: %s", service.name, redact(repr(exc)))
