@@ -34,7 +34,8 @@ class Holding(IngressDispatcher):
 
 async def main(db: str, url: str, acked: int) -> None:
     async with flowx.FlowHost(store=flowx.from_url(db), flows=FLOWS) as host:
-        await NatsJetStreamIngress(url, Holding(host, acked), ack_wait=2.0).run()
+        await NatsJetStreamIngress(url).start(Holding(host, acked))
+        await asyncio.Event().wait()  # until the SIGKILL
 
 
 if __name__ == "__main__":

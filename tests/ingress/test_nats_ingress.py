@@ -24,12 +24,13 @@ from flowx.ingress import Dead, Delivery, IngressDispatcher, IngressRetry, Signa
 from flowx.ingress.nats_jetstream import (
     NatsIngressUnavailable,
     NatsJetStreamIngress,
-    open_ingress,
     parse_url,
 )
+from flowx.ingress.urls import consumer_from_url, consumers_from_urls
 from flowx.stores.protocols import InstanceQuery
 from flowx.stores.records import InstanceState
 from flowx.urls import BadURL
+from tests.crash.workers import start_worker
 from tests.ingress.flows import FLOWS
 from tests.postgres_support import PG_DSN
 from tests.support.polling import until
@@ -122,14 +123,12 @@ class Recording(IngressDispatcher):
 
 @asynccontextmanager
 async def consuming(url: str, dispatcher: IngressDispatcher, **kw: Any) -> AsyncIterator[Any]:
-    ingress = NatsJetStreamIngress(url, dispatcher, **{"retry_delay": 0.1, **kw})
-    await ingress.open()
-    task = asyncio.create_task(ingress.run())
+    ingress = NatsJetStreamIngress(url, **{"retry_delay": 0.1, **kw})
+    await ingress.start(dispatcher)
     try:
         yield ingress
     finally:
-        await ingress.stop()
-        await task
+        await ingress.stop(timeout=10)
 
 
 async def instances(host: flowx.FlowHost) -> list[Any]:
@@ -305,7 +304,7 @@ async def test_no_free_slot_fetches_nothing_and_a_fetch_takes_only_the_free_slot
     dispatcher.gate = asyncio.Event()
     for i in range(3):
         await stream.publish(order(f"o-{i}"))
-    async with consuming(stream.url(), dispatcher, batch=64):
+    async with consuming(stream.url(query="batch=64"), dispatcher):
         seen = dispatcher.asked
         await until(lambda: dispatcher.asked > seen + 2, within=10, what="the loop went round")
         info = await stream.consumer()
@@ -338,7 +337,7 @@ async def test_a_long_handle_keeps_its_message_with_in_progress(
     dispatcher = Recording(await host_factory(*FLOWS))
     dispatcher.gate = asyncio.Event()
     await stream.publish(order("slow"))
-    async with consuming(stream.url(), dispatcher, ack_wait=1.0):
+    async with consuming(stream.url(query="ack_wait=1"), dispatcher):
         # Six keep-alives, a third of AckWait apart: twice the AckWait has passed.
         await until(lambda: len(progress) >= 6, within=15, what="six in-progress acks")
         info = await stream.consumer()
@@ -387,7 +386,14 @@ async def test_a_worker_killed_mid_batch_loses_no_message(
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
     }
     worker = subprocess.Popen(  # noqa: ASYNC220 - a process of its own, killed below
-        [sys.executable, "-m", "tests.ingress.nats_worker", db, stream.url(), "3"],
+        [
+            sys.executable,
+            "-m",
+            "tests.ingress.nats_worker",
+            db,
+            stream.url(query="ack_wait=2"),
+            "3",
+        ],
         cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,
@@ -429,7 +435,9 @@ async def test_a_worker_killed_mid_batch_loses_no_message(
         ("amqp://u:hunter2@h/s/c", "use nats://host:4222/<stream>/<consumer>"),
         ("nats://u:hunter2@h:4222/a.b/c", "stream name 'a.b' may hold only"),
         ("nats://u:hunter2@h:4222/s/c*", "consumer name 'c*' may hold only"),
-        ("nats://u:hunter2@h:4222/s/c?batch=3", "unknown parameter 'batch'"),
+        ("nats://u:hunter2@h:4222/s/c?queue=orders", "unknown parameter 'queue'"),
+        ("nats://u:hunter2@h:4222/s/c?batch=0", "batch='0' must be a number of at least 1"),
+        ("nats://u:hunter2@h:4222/s/c?ack_wait=x", "ack_wait='x' must be a number"),
         ("nats://u:hunter2@h:4222/s/c?dead_subject=a.>", "dead_subject 'a.>' must be"),
         ("nats://u:hunter2@h:99999/s/c", "port"),
     ],
@@ -458,9 +466,9 @@ async def test_a_missing_stream_or_unreachable_server_is_said_at_open(
 ) -> None:
     dispatcher = IngressDispatcher(await host_factory(*FLOWS))
     with pytest.raises(NatsIngressUnavailable, match="stream 'FXT_none' does not exist"):
-        await open_ingress(f"{NATS}/FXT_none/workers", dispatcher)
+        await NatsJetStreamIngress(f"{NATS}/FXT_none/workers").start(dispatcher)
     with pytest.raises(NatsIngressUnavailable, match="cannot be reached") as caught:
-        await NatsJetStreamIngress("nats://u:hunter2@127.0.0.1:1/S/c", dispatcher, timeout=1).open()
+        await NatsJetStreamIngress("nats://u:hunter2@127.0.0.1:1/S/c", timeout=1).start(dispatcher)
     assert "hunter2" not in str(caught.value)
 
 
@@ -470,4 +478,44 @@ async def test_a_dead_subject_the_stream_itself_captures_is_refused(
     dispatcher = IngressDispatcher(await host_factory(*FLOWS))
     url = stream.url(query=f"dead_subject={stream.prefix}.dead")
     with pytest.raises(NatsIngressUnavailable, match="dead letters would come back as work"):
-        await open_ingress(url, dispatcher)
+        await NatsJetStreamIngress(url).start(dispatcher)
+
+
+def test_a_nats_ingress_url_is_dispatched_to_this_adapter() -> None:
+    (consumer,) = consumers_from_urls(["nats://u:hunter2@h:4222/ORDERS/workers"])
+    assert isinstance(consumer, NatsJetStreamIngress)
+    assert consumer.name == "nats stream 'ORDERS' consumer 'workers'"
+    assert isinstance(consumer_from_url("tls://h:4222/ORDERS/workers"), NatsJetStreamIngress)
+
+
+@pytest.mark.crash
+async def test_a_flowx_worker_process_consumes_the_stream_and_drains_on_sigterm(
+    stream: Stream, pg_schema: Callable[[], str], tmp_path: Path
+) -> None:
+    db = f"{PG_DSN}?flowx_schema={pg_schema()}"
+    for i in range(10):
+        await stream.publish(order(f"o-{i}"))
+    worker = start_worker(
+        db,
+        tmp_path,
+        "tests.ingress.flows:FLOWS",
+        extra_args=("--ingress", stream.url(), "--ready-file", str(tmp_path / "ready")),
+    )
+    try:
+        await until(worker_ready(worker, tmp_path), within=30, what="the worker ready")
+        reader = flowx.HostSettings.load(recovery=False)  # reads; the worker runs them
+        async with flowx.FlowHost(store=flowx.from_url(db), flows=FLOWS, settings=reader) as host:
+            await until(lambda: completed(host, 10), within=30, what="10 instances completed")
+        await until(stream.drained, within=10, what="all 10 acked")
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        code = worker.wait(timeout=60)
+    assert code == 0
+
+
+def worker_ready(worker: subprocess.Popen[bytes], tmp_path: Path) -> Callable[[], bool]:
+    def ready() -> bool:
+        assert worker.poll() is None, worker.stdout.read().decode() if worker.stdout else ""
+        return (tmp_path / "ready").exists()
+
+    return ready

@@ -3,8 +3,11 @@ them (R6.1, R9.9).
 
 The URL names the server, the stream and the consumer::
 
-    nats://[user:password@]host:4222/<stream>/<consumer>[?dead_subject=...][&tls_ca=...]
+    nats://[user:password@]host:4222/<stream>/<consumer>[?dead_subject=...][&batch=64]...
     tls://host:4222/<stream>/<consumer>?tls_ca=ca.pem&tls_cert=me.pem&tls_key=me.key
+
+Parameters: ``dead_subject`` (below), ``batch`` (the most messages one fetch asks for, 64),
+``ack_wait`` (seconds, 30) and ``max_ack_pending`` (1000) for a consumer the ingress creates.
 
 The stream must exist (operators own streams; the ingress never creates one it reads). The
 consumer is created if absent: durable, pull, explicit ack, unlimited redeliveries (a message
@@ -64,13 +67,16 @@ from flowx.urls import BadURL, check_text, split, take_params
 
 log = logging.getLogger("flowx.ingress.nats")
 
-__all__ = ["NatsIngressUnavailable", "NatsJetStreamIngress", "NatsTarget", "open_ingress"]
+__all__ = ["NatsIngressUnavailable", "NatsJetStreamIngress", "NatsTarget", "parse_url"]
 
 _CODE: Final = "ingress.bad_url"
 _USAGE: Final = (
     "use nats://host:4222/<stream>/<consumer> (or tls://...), optionally with "
-    "?dead_subject=<subject prefix> and tls_ca=, tls_cert=, tls_key="
+    "?dead_subject=<subject prefix>, batch=, ack_wait=, max_ack_pending=, tls_ca=, tls_cert=, "
+    "tls_key="
 )
+#: The URL's numeric parameters: (smallest, default).
+_NUMBERS: Final = {"batch": (1, 64), "ack_wait": (1, 30), "max_ack_pending": (1, 1_000)}
 #: A stream or consumer name JetStream accepts: no '.', '*', '>', space or path separator.
 _NAME: Final = re.compile(r"[A-Za-z0-9_-]{1,200}")
 #: A literal subject: dot-separated tokens, no wildcards, no white space.
@@ -100,6 +106,9 @@ class NatsTarget:
     dead_prefix: str
     tls_files: dict[str, str]
     shown: str
+    batch: int = 64
+    ack_wait: float = 30.0
+    max_ack_pending: int = 1_000
 
     @property
     def wants_tls(self) -> bool:
@@ -111,7 +120,7 @@ def parse_url(url: str) -> NatsTarget:
     check_text(url, "NATS ingress")
     shown = redact(url)
     server, params = take_params(url, lambda _name: True)
-    unknown = sorted(set(params) - {"dead_subject", *TLS_PARAMS})
+    unknown = sorted(set(params) - {"dead_subject", *_NUMBERS, *TLS_PARAMS})
     if unknown:
         raise BadURL(
             f"NATS ingress URL {shown!r}: unknown parameter {unknown[0]!r}; {_USAGE}",
@@ -140,43 +149,66 @@ def parse_url(url: str) -> NatsTarget:
             code=_CODE,
         )
     tls_files = {k: v for k, v in params.items() if k in TLS_PARAMS}
+    numbers = {k: _number(params, k, shown) for k in _NUMBERS}
     server_url = urlunsplit((parts.scheme, parts.netloc, "", "", ""))
-    return NatsTarget(server_url, stream, consumer, dead_prefix, tls_files, shown)
+    return NatsTarget(
+        server_url,
+        stream,
+        consumer,
+        dead_prefix,
+        tls_files,
+        shown,
+        batch=int(numbers["batch"]),
+        ack_wait=numbers["ack_wait"],
+        max_ack_pending=int(numbers["max_ack_pending"]),
+    )
+
+
+def _number(params: dict[str, str], name: str, shown: str) -> float:
+    """The URL's ``name`` parameter, or its default; ``BadURL`` for one out of range."""
+    least, default = _NUMBERS[name]
+    text = params.get(name)
+    if text is None:
+        return float(default)
+    try:
+        value = float(text) if name == "ack_wait" else int(text)
+    except ValueError:
+        value = least - 1
+    if not least <= value <= 10**9:
+        raise BadURL(
+            f"NATS ingress URL {shown!r}: {name}={redact(text)!r} must be a number of at "
+            f"least {least} (default {default})",
+            url=shown,
+            code=_CODE,
+        )
+    return float(value)
 
 
 class NatsJetStreamIngress:
-    """Consumes one durable pull consumer into ``dispatcher`` until ``stop``.
+    """Consumes one durable pull consumer into a dispatcher, from ``start`` until ``stop``
+    (a ``flowx.ingress.urls.IngressConsumer``).
 
-    ``batch``: the most messages one fetch asks for; ``fetch_wait``: how long an idle fetch
-    waits for messages (and so how long ``stop`` may wait for one in flight); ``ack_wait`` and
-    ``max_ack_pending``: the consumer's, when this creates it; ``retry_delay``: the first nak
-    delay after ``IngressRetry``; ``timeout``: for connecting and each JetStream request.
+    ``fetch_wait``: how long an idle fetch waits for messages (and so how long ``stop`` may
+    wait for the fetch in flight); ``retry_delay``: the first nak delay after
+    ``IngressRetry``; ``timeout``: for connecting and each JetStream request. The consumer's
+    own settings come from the URL.
     """
 
     def __init__(
         self,
         url: str,
-        dispatcher: IngressDispatcher,
         *,
-        batch: int = 64,
         fetch_wait: float = 1.0,
-        ack_wait: float = 30.0,
-        max_ack_pending: int = 1_000,
         retry_delay: float = 1.0,
         timeout: float = 5.0,
     ) -> None:
-        if batch < 1 or max_ack_pending < 1:
-            raise ValueError("batch and max_ack_pending must be at least 1")
-        if min(fetch_wait, ack_wait, retry_delay, timeout) <= 0:
-            raise ValueError("fetch_wait, ack_wait, retry_delay and timeout must be positive")
+        if min(fetch_wait, retry_delay, timeout) <= 0:
+            raise ValueError("fetch_wait, retry_delay and timeout must be positive")
         self.target = parse_url(url)
         if self.target.wants_tls:  # a missing or unreadable file is refused now
             tls_context(self.target.shown, self.target.tls_files)
-        self.dispatcher = dispatcher
-        self._batch = batch
+        self.dispatcher: IngressDispatcher | None = None
         self._fetch_wait = fetch_wait
-        self._ack_wait = ack_wait
-        self._max_ack_pending = max_ack_pending
         self._retry_delay = retry_delay
         self._timeout = timeout
         self._nc: Any = None
@@ -184,15 +216,14 @@ class NatsJetStreamIngress:
         self._sub: Any = None
         self._epoch = ""  # the stream's creation time, part of a sequence-based message id
         self._dead_stream = ""
-        self._keepalive_every = ack_wait / 3
+        self._keepalive_every = self.target.ack_wait / 3
         self._handling: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()
-        self._stopped = asyncio.Event()
-        self._running = False
+        self._consuming: asyncio.Task[None] | None = None
 
     @property
     def name(self) -> str:
-        return "nats-jetstream"
+        return f"nats stream {self.target.stream!r} consumer {self.target.consumer!r}"
 
     # -- opening ---------------------------------------------------------------------------
 
@@ -267,9 +298,9 @@ class NatsJetStreamIngress:
                 api.ConsumerConfig(
                     durable_name=target.consumer,
                     ack_policy=api.AckPolicy.EXPLICIT,
-                    ack_wait=self._ack_wait,
+                    ack_wait=self.target.ack_wait,
                     max_deliver=-1,
-                    max_ack_pending=self._max_ack_pending,
+                    max_ack_pending=self.target.max_ack_pending,
                 ),
             )
         config = consumer.config
@@ -326,25 +357,36 @@ class NatsJetStreamIngress:
 
     # -- consuming -------------------------------------------------------------------------
 
-    async def run(self) -> None:
-        """Fetch and handle messages until ``stop``; opens first if ``open`` was not called.
-        Returns once the messages being handled are settled."""
+    async def start(self, dispatcher: IngressDispatcher) -> None:
+        """Open (``NatsIngressUnavailable`` if the server, the stream or the dead-letter
+        stream cannot be used), then consume in the background until ``stop``."""
+        self.dispatcher = dispatcher
+        self._stopping.clear()
         await self.open()
-        self._running = True
+        self._consuming = asyncio.create_task(self._consume(dispatcher))
+        self._consuming.add_done_callback(self._ended)
+
+    async def _consume(self, dispatcher: IngressDispatcher) -> None:
         try:
             while not self._stopping.is_set():
-                room = min(self._batch, self.dispatcher.free_slots() - len(self._handling))
+                room = min(self.target.batch, dispatcher.free_slots() - len(self._handling))
                 if room <= 0:  # backpressure: no free slot, no fetch
                     await self._wait_stopping(_ROOM_POLL)
                     continue
                 for msg in await self._fetch(room):
-                    task = asyncio.create_task(self._settle(msg))
+                    task = asyncio.create_task(self._settle(dispatcher, msg))
                     self._handling.add(task)
                     task.add_done_callback(self._handling.discard)
-        finally:
-            if self._handling:
+            if self._handling:  # stopping: let the messages in hand settle
                 await asyncio.wait(set(self._handling))
-            self._stopped.set()
+        except asyncio.CancelledError:
+            for task in self._handling:  # unacked: the server redelivers them
+                task.cancel()
+            raise
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("NATS ingress %s stopped consuming: %r", self.target.shown, task.exception())
 
     async def _fetch(self, room: int) -> list[Any]:
         from nats.errors import TimeoutError as NatsTimeout
@@ -382,7 +424,7 @@ class NatsJetStreamIngress:
             redelivered=meta.num_delivered > 1,
         )
 
-    async def _settle(self, msg: Any) -> None:
+    async def _settle(self, dispatcher: IngressDispatcher, msg: Any) -> None:
         """Handle one message and ack, dead-letter or nak it by the verdict."""
         try:
             delivery = self.delivery(msg)
@@ -391,7 +433,7 @@ class NatsJetStreamIngress:
             return
         keepalive = asyncio.create_task(self._keep_alive(msg))
         try:
-            verdict = await self.dispatcher.handle(delivery)
+            verdict = await dispatcher.handle(delivery)
         except Exception as exc:
             if not isinstance(exc, IngressRetry):
                 log.exception("NATS ingress %s: handling a message failed", self.target.shown)
@@ -453,12 +495,18 @@ class NatsJetStreamIngress:
 
     # -- stopping --------------------------------------------------------------------------
 
-    async def stop(self) -> None:
-        """Stop fetching, let the messages being handled settle, then close. Safe to call
-        more than once, and before ``run``."""
+    async def stop(self, timeout: float = 30.0) -> None:
+        """Stop fetching, let the messages being handled settle within ``timeout`` seconds
+        (past it they are cut off, unacked, and redelivered elsewhere), then close. Safe to
+        call more than once, and before ``start``."""
         self._stopping.set()
-        if self._running:
-            await self._stopped.wait()
+        task, self._consuming = self._consuming, None
+        if task is not None:
+            _done, pending = await asyncio.wait({task}, timeout=timeout)
+            if pending:
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
         await self.close()
 
     async def close(self) -> None:
@@ -481,11 +529,3 @@ def _covers(pattern: str, subject: str) -> bool:
         if i == min(len(a), len(b)) - 1 and len(a) == len(b):
             return True
     return False
-
-
-async def open_ingress(url: str, dispatcher: IngressDispatcher) -> NatsJetStreamIngress:
-    """The ingress ``url`` names, opened (so a missing stream or an unreachable server is
-    said at start-up); then ``await ingress.run()`` until ``await ingress.stop()``."""
-    ingress = NatsJetStreamIngress(url, dispatcher)
-    await ingress.open()
-    return ingress
