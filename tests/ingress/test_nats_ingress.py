@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -33,6 +34,7 @@ from flowx.urls import BadURL
 from tests.crash.workers import start_worker
 from tests.ingress.flows import FLOWS
 from tests.postgres_support import PG_DSN
+from tests.support.fault_proxy import FaultProxy
 from tests.support.polling import until
 
 NATS = os.environ.get("FLOWX_TEST_NATS_URL", "nats://127.0.0.1:4222")
@@ -369,6 +371,25 @@ async def test_a_signal_by_message_wakes_the_instance_and_its_redelivery_is_a_du
     statuses = [v.status for _, v in dispatcher.verdicts if isinstance(v, Signalled)]
     assert statuses[0] in ("woken", "kept") and statuses[1] == "duplicate"
     assert await stream.dead_count() == 0
+
+
+async def test_the_ingress_reconnects_after_its_connection_is_cut(
+    stream: Stream, host_factory: MakeHost
+) -> None:
+    host = await host_factory(*FLOWS)
+    server = urlsplit(NATS)
+    async with FaultProxy(server.hostname or "127.0.0.1", server.port or 4222) as proxy:
+        url = f"nats://127.0.0.1:{proxy.port}/{stream.name}/workers"
+        async with consuming(url, Recording(host)) as ingress:
+            await stream.publish(order("before"))
+            await until(lambda: completed(host, 1), within=10, what="the first one completed")
+            await proxy.refuse()  # a broker restart, as the worker sees it
+            await until(lambda: not ingress.connected, within=10, what="the connection cut")
+            await stream.publish(order("during"))
+            await proxy.forward()
+            await until(lambda: ingress.connected, within=10, what="the ingress reconnected")
+            await until(lambda: completed(host, 2), within=20, what="the second one completed")
+            await until(stream.drained, within=10, what="both acked")
 
 
 @pytest.mark.crash

@@ -225,6 +225,11 @@ class NatsJetStreamIngress:
     def name(self) -> str:
         return f"nats stream {self.target.stream!r} consumer {self.target.consumer!r}"
 
+    @property
+    def connected(self) -> bool:
+        """Connected to the server now (while it reconnects after a broker restart: not)."""
+        return self._nc is not None and bool(self._nc.is_connected)
+
     # -- opening ---------------------------------------------------------------------------
 
     async def open(self) -> None:
