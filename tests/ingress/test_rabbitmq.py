@@ -9,17 +9,19 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
 from flowx import metrics
-from flowx.ingress import Delivery, IngressDispatcher, Started, Verdict
+from flowx.ingress import Delivery, IngressDispatcher, IngressRetry, Started, Verdict
 from flowx.ingress.rabbitmq import RabbitMQIngress
 from flowx.stores.protocols import InstanceQuery
 from flowx.stores.records import InstanceRecord, InstanceState
 from flowx.urls import BadURL
 from tests.ingress.flows import FLOWS
-from tests.ingress.rabbit import TestQueue, own_queue
+from tests.ingress.rabbit import RABBITMQ_URL, TestQueue, own_queue
+from tests.support.fault_proxy import FaultProxy
 from tests.support.polling import until
 
 MakeHost = Callable[..., Any]
@@ -243,3 +245,62 @@ def test_the_queue_and_dead_letter_names_come_from_the_url() -> None:
     named = RabbitMQIngress("amqp://guest:guest@localhost/?queue=orders&dead=orders.poison")
     assert named.dead == "orders.poison"
     assert "queue=" not in named._url  # taken off before aio-pika sees it
+
+
+class DownOnce(IngressDispatcher):
+    """Our side is down for the first delivery (``IngressRetry``), back for the next."""
+
+    seen: list[Delivery]
+
+    async def handle(self, d: Delivery) -> Verdict:
+        self.seen.append(d)
+        if len(self.seen) == 1:
+            raise IngressRetry("the journal is down (simulated)")
+        return await super().handle(d)
+
+
+async def test_a_message_our_side_cannot_take_is_requeued_not_dead_lettered(
+    queue: TestQueue, consume: Callable[..., Any], host_factory: MakeHost
+) -> None:
+    dispatcher = DownOnce(await host_factory(*FLOWS))
+    dispatcher.seen = []
+    await consume(queue.url(), dispatcher)
+    await queue.publish({"order_id": "o-r"}, message_id="m-r")
+    [record] = await completed(dispatcher.host, 1)
+    assert record.idempotency_key == "m-r"
+    assert [d.redelivered for d in dispatcher.seen] == [False, True]
+    assert await queue.depth(queue.dead) == 0  # never dead-lettered
+
+
+@pytest.fixture
+async def broker_proxy() -> AsyncIterator[FaultProxy]:
+    target = urlsplit(RABBITMQ_URL)
+    fault = FaultProxy(target.hostname or "127.0.0.1", target.port or 5672)
+    await fault.start()
+    yield fault
+    await fault.stop()
+
+
+async def test_the_consumer_reconnects_after_the_broker_connection_is_cut(
+    queue: TestQueue, consume: Callable[..., Any], broker_proxy: FaultProxy
+) -> None:
+    target = urlsplit(RABBITMQ_URL)
+    via = f"amqp://guest:guest@127.0.0.1:{broker_proxy.port}{target.path or '/'}"
+    consumer = await consume(f"{via}?queue={queue.name}&reconnect_interval=0.2")
+    host = consumer._dispatcher.host
+    await queue.publish({"order_id": "before"}, message_id="m-before")
+    await completed(host, 1)
+    reconnected = asyncio.Event()
+    consumer._connection.reconnect_callbacks.add(lambda *_: reconnected.set())
+    await broker_proxy.refuse()  # every connection reset, new ones refused: a broker restart
+    await until(
+        lambda: not consumer._connection.connected.is_set(),
+        within=10,
+        what="the consumer notices its connection is gone",
+    )
+    await queue.publish({"order_id": "during"}, message_id="m-during")
+    await broker_proxy.forward()
+    await asyncio.wait_for(reconnected.wait(), 20)
+    await queue.publish({"order_id": "after"}, message_id="m-after")
+    records = await completed(host, 3)
+    assert sorted(r.idempotency_key or "" for r in records) == ["m-after", "m-before", "m-during"]
