@@ -272,6 +272,21 @@ async def test_a_failed_dead_letter_publish_leaves_the_message_for_later(
     assert all(isinstance(v, Dead) for _, v in dispatcher.verdicts)
 
 
+async def test_a_poison_body_at_the_payload_limit_is_dead_lettered_without_it(
+    stream: Stream, host_factory: MakeHost
+) -> None:
+    limit = stream.nc.max_payload
+    body = b"x" * (limit - 100)  # fits alone, not with the dead-letter headers
+    await stream.publish(body)
+    dispatcher = Recording(await host_factory(*FLOWS), max_bytes=limit)
+    async with consuming(stream.url(), dispatcher):
+        await until(stream.drained, within=10, what="the big poison message settled")
+    (letter,) = await stream.dead_letters()
+    assert letter.data in (b"", None)
+    assert letter.headers["flowx-dead-code"] == "ingress.not_json"
+    assert letter.headers["flowx-dead-body-dropped"].startswith(f"{len(body)} bytes")
+
+
 async def test_two_dispatchers_on_one_durable_consumer_share_the_messages(
     stream: Stream, host_factory: MakeHost
 ) -> None:

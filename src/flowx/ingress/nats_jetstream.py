@@ -81,6 +81,8 @@ _NUMBERS: Final = {"batch": (1, 64), "ack_wait": (1, 30), "max_ack_pending": (1,
 _NAME: Final = re.compile(r"[A-Za-z0-9_-]{1,200}")
 #: A literal subject: dot-separated tokens, no wildcards, no white space.
 _SUBJECT: Final = re.compile(r"[^.*>\s]+(\.[^.*>\s]+)*")
+#: Set on a dead letter whose body was left out: it fitted the server only without our headers.
+DEAD_BODY_DROPPED_HEADER: Final = "flowx-dead-body-dropped"
 #: The longest nak delay, whatever the number of deliveries.
 MAX_RETRY_DELAY: Final = 60.0
 #: How often a worker with no free slot looks again (in-flight instances end without a signal
@@ -488,9 +490,18 @@ class NatsJetStreamIngress:
         # Published again after a crash before the term, it is deduplicated by the stream.
         headers["Nats-Msg-Id"] = f"flowx-dead:{self.target.stream}:{self._epoch}:{seq}"
         subject = f"{self.target.dead_prefix}.{msg.subject}"
+        body: bytes = msg.data
+        # The server refuses (and disconnects) a message over its payload limit, headers
+        # included: a body that fits only without our headers goes without its body, or the
+        # message would be nak'ed for ever.
+        if len(body) + _header_bytes(headers) > self._nc.max_payload:
+            headers[DEAD_BODY_DROPPED_HEADER] = (
+                f"{len(body)} bytes, over the server's payload limit with the dead-letter headers"
+            )
+            body = b""
         try:
             await self._js.publish(
-                subject, msg.data, timeout=self._timeout, stream=self._dead_stream, headers=headers
+                subject, body, timeout=self._timeout, stream=self._dead_stream, headers=headers
             )
         except Exception as exc:
             await self._nak(msg, delivery, RuntimeError(f"dead-letter publish failed: {exc!r}"))
@@ -520,6 +531,13 @@ class NatsJetStreamIngress:
         if nc is not None and not nc.is_closed:
             with contextlib.suppress(Exception):
                 await nc.close()
+
+
+def _header_bytes(headers: dict[str, str]) -> int:
+    """What ``headers`` add to a message on the wire (``NATS/1.0`` and one line each), with a
+    margin for the stream's expected-stream header."""
+    lines = sum(len(k.encode()) + len(v.encode()) + 4 for k, v in headers.items())
+    return len(b"NATS/1.0\r\n\r\n") + lines + 128
 
 
 def _covers(pattern: str, subject: str) -> bool:
