@@ -304,3 +304,21 @@ async def test_the_consumer_reconnects_after_the_broker_connection_is_cut(
     await queue.publish({"order_id": "after"}, message_id="m-after")
     records = await completed(host, 3)
     assert sorted(r.idempotency_key or "" for r in records) == ["m-after", "m-before", "m-during"]
+
+
+async def test_a_dead_letter_the_broker_does_not_confirm_leaves_the_message_unacked(
+    queue: TestQueue, consume: Callable[..., Any], host_factory: MakeHost
+) -> None:
+    """The dead-letter exchange is deleted under the consumer: the publish fails, so the poison
+    message is not acked but requeued; the channel reopens, declaring the exchange again,
+    and the next attempt lands it in the dead-letter queue — once."""
+    await consume(queue.url(), IngressDispatcher(await host_factory(*FLOWS)))
+    await queue.channel.exchange_delete(queue.dead)
+    dead_before = metrics.INGRESS_MESSAGES.get("dead")
+    await queue.publish(b"not json", message_id="poison")
+    [letter] = await queue.take_dead(1, within=30)
+    assert letter.message_id == "poison"
+    assert letter.headers["flowx-dead-code"] == "ingress.not_json"
+    assert metrics.INGRESS_MESSAGES.get("dead") - dead_before >= 2  # judged again after the failure
+    await until(lambda: _drained(queue), within=10, what="the poison message is acked at last")
+    assert await queue.depth(queue.dead) == 0

@@ -31,6 +31,9 @@ stable: ``ingress.too_large``, ``ingress.not_json``, ``ingress.no_key``, ``ingre
 started an instance with another input), ``ingress.unknown_instance``,
 ``ingress.unknown_signal``, ``ingress.payload_invalid``, ``ingress.instance_finished``.
 
+An Ephemeral flow runs to its end inside ``handle`` and keeps no key: a redelivery runs it
+again. Ingress is meant for Durable flows.
+
 Anything else — the journal or the lease store down, the host draining, a store refusing us
 a privilege, a bug — raises ``IngressRetry``: the fault is on our side, so the message must
 not be dead-lettered. The adapter does not ack it and lets the broker redeliver it later.
@@ -220,6 +223,8 @@ class IngressDispatcher:
         except IngressRetry:
             raise
         except Exception as exc:
+            if not isinstance(exc, FlowXError):  # not an outage: a fault to look at
+                log.error("ingress could not handle a message", exc_info=True)
             raise IngressRetry(f"the message could not be handled now: {redact(str(exc))}") from exc
 
     async def _start(self, d: Delivery, text: str, key: str) -> Verdict:
