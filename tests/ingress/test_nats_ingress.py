@@ -338,6 +338,43 @@ async def test_no_free_slot_fetches_nothing_and_a_fetch_takes_only_the_free_slot
     assert len(dispatcher.started()) == 3
 
 
+async def test_a_consumer_with_one_message_out_hands_them_out_in_order_even_on_retry(
+    stream: Stream, host_factory: MakeHost
+) -> None:
+    class FailsFirstTry(Recording):
+        """Our side down for the first message's first delivery: it is nak'ed."""
+
+        async def handle(self, d: Delivery) -> Any:
+            if d.message_id == "m-0" and not d.redelivered:
+                raise IngressRetry("the journal is down")
+            return await super().handle(d)
+
+    one, two = FailsFirstTry(await host_factory(*FLOWS)), FailsFirstTry(await host_factory(*FLOWS))
+    two.verdicts = one.verdicts  # one log, in the order the two workers handled them
+    for i in range(6):
+        await stream.publish(order(f"o-{i}"), **{"Nats-Msg-Id": f"m-{i}"})
+    url = stream.url("ordered", query="max_ack_pending=1")
+    async with consuming(url, one), consuming(url, two):
+        await until(lambda: stream.drained("ordered"), within=20, what="all six acked")
+    assert [d.message_id for d, _ in one.verdicts] == [f"m-{i}" for i in range(6)]
+
+
+async def test_a_filtered_consumer_takes_only_its_subjects(
+    stream: Stream, host_factory: MakeHost
+) -> None:
+    host = await host_factory(*FLOWS)
+    await stream.publish(order("a"), "a.ing.order")
+    await stream.publish(order("b"), "b.ing.order")
+    dispatcher = Recording(host)
+    url = stream.url("only-a", query=f"filter={stream.prefix}.a.>")
+    async with consuming(url, dispatcher):
+        await until(lambda: stream.drained("only-a"), within=10, what="the a message acked")
+        await until(lambda: completed(host, 1), within=10, what="the a instance completed")
+    assert [d.subject for d, _ in dispatcher.verdicts] == [f"{stream.prefix}.a.ing.order"]
+    with pytest.raises(NatsIngressUnavailable, match="not the URL's filter"):
+        await NatsJetStreamIngress(stream.url("only-a", query="filter=other.>")).start(dispatcher)
+
+
 async def test_a_long_handle_keeps_its_message_with_in_progress(
     stream: Stream, host_factory: MakeHost, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -474,6 +511,7 @@ async def test_a_worker_killed_mid_batch_loses_no_message(
         ("nats://u:hunter2@h:4222/s/c?queue=orders", "unknown parameter 'queue'"),
         ("nats://u:hunter2@h:4222/s/c?batch=0", "batch='0' must be a number of at least 1"),
         ("nats://u:hunter2@h:4222/s/c?ack_wait=x", "ack_wait='x' must be a number"),
+        ("nats://u:hunter2@h:4222/s/c?filter=a.>.b", "filter 'a.>.b' must be a subject"),
         ("nats://u:hunter2@h:4222/s/c?dead_subject=a.>", "dead_subject 'a.>' must be"),
         ("nats://u:hunter2@h:99999/s/c", "port"),
     ],

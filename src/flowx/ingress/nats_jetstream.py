@@ -6,8 +6,16 @@ The URL names the server, the stream and the consumer::
     nats://[user:password@]host:4222/<stream>/<consumer>[?dead_subject=...][&batch=64]...
     tls://host:4222/<stream>/<consumer>?tls_ca=ca.pem&tls_cert=me.pem&tls_key=me.key
 
-Parameters: ``dead_subject`` (below), ``batch`` (the most messages one fetch asks for, 64),
-``ack_wait`` (seconds, 30) and ``max_ack_pending`` (1000) for a consumer the ingress creates.
+Parameters: ``dead_subject`` (below), ``batch`` (the most messages one fetch asks for, 64);
+for a consumer the ingress creates, ``ack_wait`` (seconds, 30), ``max_ack_pending`` (1000)
+and ``filter`` (a subject, wildcards allowed: the consumer takes only the stream's messages
+on it).
+
+Order: ``max_ack_pending=1`` makes the consumer hand out one message at a time, in stream
+order, across every worker sharing it — a message being retried (nak'ed) holds back the next
+one, a dead one does not. With ``filter=`` one such consumer per partition of the subjects
+(``orders.p0.>``, ``orders.p1.>``, ...) keeps each partition in order and runs partitions in
+parallel.
 
 The stream must exist (operators own streams; the ingress never creates one it reads). The
 consumer is created if absent: durable, pull, explicit ack, unlimited redeliveries (a message
@@ -81,6 +89,8 @@ _NUMBERS: Final = {"batch": (1, 64), "ack_wait": (1, 30), "max_ack_pending": (1,
 _NAME: Final = re.compile(r"[A-Za-z0-9_-]{1,200}")
 #: A literal subject: dot-separated tokens, no wildcards, no white space.
 _SUBJECT: Final = re.compile(r"[^.*>\s]+(\.[^.*>\s]+)*")
+#: A subject filter: tokens, each ``*`` or literal, the last may be ``>``.
+_FILTER: Final = re.compile(r"([^.*>\s]+|\*)(\.([^.*>\s]+|\*))*(\.>)?|>")
 #: Set on a dead letter whose body was left out: it fitted the server only without our headers.
 DEAD_BODY_DROPPED_HEADER: Final = "flowx-dead-body-dropped"
 #: The longest nak delay, whatever the number of deliveries.
@@ -111,6 +121,7 @@ class NatsTarget:
     batch: int = 64
     ack_wait: float = 30.0
     max_ack_pending: int = 1_000
+    subject_filter: str | None = None
 
     @property
     def wants_tls(self) -> bool:
@@ -122,7 +133,7 @@ def parse_url(url: str) -> NatsTarget:
     check_text(url, "NATS ingress")
     shown = redact(url)
     server, params = take_params(url, lambda _name: True)
-    unknown = sorted(set(params) - {"dead_subject", *_NUMBERS, *TLS_PARAMS})
+    unknown = sorted(set(params) - {"dead_subject", "filter", *_NUMBERS, *TLS_PARAMS})
     if unknown:
         raise BadURL(
             f"NATS ingress URL {shown!r}: unknown parameter {unknown[0]!r}; {_USAGE}",
@@ -150,6 +161,14 @@ def parse_url(url: str) -> NatsTarget:
             url=shown,
             code=_CODE,
         )
+    subject_filter = params.get("filter") or None
+    if subject_filter is not None and not _FILTER.fullmatch(subject_filter):
+        raise BadURL(
+            f"NATS ingress URL {shown!r}: filter {redact(subject_filter)!r} must be a subject, "
+            "with '*' for one token and a last '>' for the rest, e.g. filter=orders.eu.>",
+            url=shown,
+            code=_CODE,
+        )
     tls_files = {k: v for k, v in params.items() if k in TLS_PARAMS}
     numbers = {k: _number(params, k, shown) for k in _NUMBERS}
     server_url = urlunsplit((parts.scheme, parts.netloc, "", "", ""))
@@ -163,6 +182,7 @@ def parse_url(url: str) -> NatsTarget:
         batch=int(numbers["batch"]),
         ack_wait=numbers["ack_wait"],
         max_ack_pending=int(numbers["max_ack_pending"]),
+        subject_filter=subject_filter,
     )
 
 
@@ -308,6 +328,7 @@ class NatsJetStreamIngress:
                     ack_wait=self.target.ack_wait,
                     max_deliver=-1,
                     max_ack_pending=self.target.max_ack_pending,
+                    filter_subject=self.target.subject_filter,
                 ),
             )
         config = consumer.config
@@ -315,6 +336,13 @@ class NatsJetStreamIngress:
             raise NatsIngressUnavailable(
                 f"NATS consumer {target.consumer!r} on {target.stream!r} must be a pull "
                 "consumer with explicit acks; name another consumer (the ingress creates it)"
+            )
+        wanted = target.subject_filter
+        if wanted is not None and (config.filter_subject or None) != wanted:
+            raise NatsIngressUnavailable(
+                f"NATS consumer {target.consumer!r} on {target.stream!r} takes "
+                f"{config.filter_subject or 'every subject'!r}, not the URL's filter {wanted!r}: "
+                "name another consumer (the ingress creates it)"
             )
         if config.ack_wait:
             self._keepalive_every = max(0.1, config.ack_wait / 3)
