@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import psycopg
 import pytest
 
 import flowx
@@ -31,11 +32,11 @@ from flowx.ingress.urls import consumer_from_url, consumers_from_urls
 from flowx.stores.protocols import InstanceQuery
 from flowx.stores.records import InstanceState
 from flowx.urls import BadURL
-from tests.crash.workers import start_worker
 from tests.ingress.flows import FLOWS
+from tests.ingress.test_worker_processes import N, states, stop, worker
 from tests.postgres_support import PG_DSN
 from tests.support.fault_proxy import FaultProxy
-from tests.support.polling import until
+from tests.support.polling import until, until_sync
 
 NATS = os.environ.get("FLOWX_TEST_NATS_URL", "nats://127.0.0.1:4222")
 ROOT = Path(__file__).resolve().parents[2]
@@ -563,33 +564,31 @@ def test_a_nats_ingress_url_is_dispatched_to_this_adapter() -> None:
 
 
 @pytest.mark.crash
-async def test_a_flowx_worker_process_consumes_the_stream_and_drains_on_sigterm(
+async def test_a_flowx_worker_killed_mid_batch_loses_no_message_and_the_next_drains_cleanly(
     stream: Stream, pg_schema: Callable[[], str], tmp_path: Path
 ) -> None:
-    db = f"{PG_DSN}?flowx_schema={pg_schema()}"
-    for i in range(10):
-        await stream.publish(order(f"o-{i}"))
-    worker = start_worker(
-        db,
-        tmp_path,
-        "tests.ingress.flows:FLOWS",
-        extra_args=("--ingress", stream.url(), "--ready-file", str(tmp_path / "ready")),
-    )
+    schema = pg_schema()
+    db = f"{PG_DSN}?flowx_schema={schema}"
+    url = stream.url(query="ack_wait=2")  # what the killed worker held comes back within 2 s
+    first = worker(db, url, tmp_path / "first.ready", "--max-concurrent-flows", "2")
+    second: subprocess.Popen[bytes] | None = None
     try:
-        await until(worker_ready(worker, tmp_path), within=30, what="the worker ready")
-        reader = flowx.HostSettings.load(recovery=False)  # reads; the worker runs them
-        async with flowx.FlowHost(store=flowx.from_url(db), flows=FLOWS, settings=reader) as host:
-            await until(lambda: completed(host, 10), within=30, what="10 instances completed")
-        await until(stream.drained, within=10, what="all 10 acked")
+        until_sync((tmp_path / "first.ready").exists, within=30, what="the first worker ready")
+        for i in range(N):
+            await stream.publish(order(f"o-{i}"), "ing.slow", **{"Nats-Msg-Id": f"m-{i}"})
+        await until(lambda: sum(states(schema).values()) >= 3, within=30, what="some started")
+        first.send_signal(signal.SIGKILL)
+        assert first.wait(timeout=10) == -signal.SIGKILL
+        assert sum(states(schema).values()) < N  # killed mid-batch: messages were left
+        second = worker(db, url, tmp_path / "second.ready")
+        await until(lambda: states(schema) == {"Completed": N}, within=60, what="all completed")
+        await until(stream.drained, within=30, what="every message acked")
+        second.send_signal(signal.SIGTERM)
+        assert second.wait(timeout=30) == 0  # stopped consuming, drained, exited cleanly
     finally:
-        worker.send_signal(signal.SIGTERM)
-        code = worker.wait(timeout=60)
-    assert code == 0
-
-
-def worker_ready(worker: subprocess.Popen[bytes], tmp_path: Path) -> Callable[[], bool]:
-    def ready() -> bool:
-        assert worker.poll() is None, worker.stdout.read().decode() if worker.stdout else ""
-        return (tmp_path / "ready").exists()
-
-    return ready
+        for proc in (first, second):
+            if proc is not None:
+                stop(proc)
+    with psycopg.connect(PG_DSN, autocommit=True) as conn:
+        keys = conn.execute(f'SELECT idempotency_key FROM "{schema}".flow_instance').fetchall()
+    assert sorted(k for (k,) in keys) == sorted(f"m-{i}" for i in range(N))
