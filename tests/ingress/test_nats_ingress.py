@@ -524,6 +524,12 @@ def test_a_bad_url_is_refused_in_one_line_without_its_password(url: str, said: s
     assert said in message and "\n" not in message and "hunter2" not in message
 
 
+def test_unusable_tls_files_are_refused_when_the_ingress_is_built() -> None:
+    with pytest.raises(BadURL, match="the TLS files cannot be used") as caught:
+        NatsJetStreamIngress("tls://h:4222/S/c?tls_ca=/nonexistent/ca.pem")
+    assert caught.value.code == "ingress.bad_url"
+
+
 def test_a_good_url_names_server_stream_consumer_and_dead_subject() -> None:
     target = parse_url("nats://u:pw@nats.local:4222/ORDERS/workers?dead_subject=dlq.orders")
     assert (target.server, target.stream, target.consumer, target.dead_prefix) == (

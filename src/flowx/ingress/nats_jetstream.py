@@ -80,8 +80,8 @@ __all__ = ["NatsIngressUnavailable", "NatsJetStreamIngress", "NatsTarget", "pars
 _CODE: Final = "ingress.bad_url"
 _USAGE: Final = (
     "use nats://host:4222/<stream>/<consumer> (or tls://...), optionally with "
-    "?dead_subject=<subject prefix>, batch=, ack_wait=, max_ack_pending=, tls_ca=, tls_cert=, "
-    "tls_key="
+    "?dead_subject=<subject prefix>, batch=, ack_wait=, max_ack_pending=, filter=, tls_ca=, "
+    "tls_cert=, tls_key="
 )
 #: The URL's numeric parameters: (smallest, default).
 _NUMBERS: Final = {"batch": (1, 64), "ack_wait": (1, 30), "max_ack_pending": (1, 1_000)}
@@ -228,8 +228,10 @@ class NatsJetStreamIngress:
             raise ValueError("fetch_wait, retry_delay and timeout must be positive")
         self.target = parse_url(url)
         if self.target.wants_tls:  # a missing or unreadable file is refused now
-            tls_context(self.target.shown, self.target.tls_files)
-        self.dispatcher: IngressDispatcher | None = None
+            try:
+                tls_context(self.target.shown, self.target.tls_files)
+            except BadURL as exc:
+                raise BadURL(exc.message, url=exc.url, code=_CODE) from exc
         self._fetch_wait = fetch_wait
         self._retry_delay = retry_delay
         self._timeout = timeout
@@ -395,7 +397,6 @@ class NatsJetStreamIngress:
     async def start(self, dispatcher: IngressDispatcher) -> None:
         """Open (``NatsIngressUnavailable`` if the server, the stream or the dead-letter
         stream cannot be used), then consume in the background until ``stop``."""
-        self.dispatcher = dispatcher
         self._stopping.clear()
         await self.open()
         self._consuming = asyncio.create_task(self._consume(dispatcher))
