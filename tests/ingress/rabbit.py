@@ -31,10 +31,10 @@ class TestQueue:
         query = "&".join(f"{k}={v}" for k, v in {"queue": self.name, **params}.items())
         return f"{RABBITMQ_URL}?{query}"
 
-    async def declare(self) -> None:
+    async def declare(self, arguments: dict[str, Any] | None = None) -> None:
         """The queue, bound to a topic exchange for ``shop.#`` so a routing key can name a
         flow (the default exchange routes by queue name only)."""
-        queue = await self.channel.declare_queue(self.name, durable=True)
+        queue = await self.channel.declare_queue(self.name, durable=True, arguments=arguments)
         self.exchange = await self.channel.declare_exchange(
             self.exchange_name, aio_pika.ExchangeType.TOPIC, durable=True
         )

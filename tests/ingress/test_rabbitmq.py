@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from flowx import metrics
+from flowx.errors import FlowXError
 from flowx.ingress import Delivery, IngressDispatcher, IngressRetry, Started, Verdict
 from flowx.ingress.rabbitmq import RabbitMQIngress
 from flowx.stores.protocols import InstanceQuery
@@ -322,3 +323,82 @@ async def test_a_dead_letter_the_broker_does_not_confirm_leaves_the_message_unac
     assert metrics.INGRESS_MESSAGES.get("dead") - dead_before >= 2  # judged again after the failure
     await until(lambda: _drained(queue), within=10, what="the poison message is acked at last")
     assert await queue.depth(queue.dead) == 0
+
+
+class Recording(IngressDispatcher):
+    """Records the message ids it handled, in the order it handled them."""
+
+    taken: list[str]
+
+    async def handle(self, d: Delivery) -> Verdict:
+        self.taken.append(d.message_id or "")
+        return await super().handle(d)
+
+
+async def test_an_ordered_queue_has_one_active_consumer_taking_messages_in_order(
+    host_factory: MakeHost,
+) -> None:
+    async with own_queue() as queue:
+        await queue.declare({"x-single-active-consumer": True})
+        dispatchers = []
+        consumers = []
+        for _ in range(2):
+            dispatcher = Recording(await host_factory(*FLOWS))
+            dispatcher.taken = []
+            consumer = RabbitMQIngress(queue.url(ordered="true"))
+            await consumer.start(dispatcher)
+            dispatchers.append(dispatcher)
+            consumers.append(consumer)
+        try:
+            first = [f"m-{i}" for i in range(10)]
+            for key in first:
+                await queue.publish({"order_id": key}, message_id=key)
+            await until(lambda: _drained(queue), within=20, what="the first batch is taken")
+            await until(lambda: len(dispatchers[0].taken) == 10, within=20, what="all acked by one")
+            assert dispatchers[0].taken == first  # the active consumer, in queue order
+            assert dispatchers[1].taken == []  # the other waits as the standby
+            await consumers[0].stop(timeout=5)  # the active one goes: the standby takes over
+            then = [f"n-{i}" for i in range(5)]
+            for key in then:
+                await queue.publish({"order_id": key}, message_id=key)
+            await until(
+                lambda: len(dispatchers[1].taken) == 5, within=20, what="the standby takes over"
+            )
+            assert dispatchers[1].taken == then
+        finally:
+            for consumer in consumers:
+                await consumer.stop(timeout=5)
+
+
+def test_ordered_takes_one_message_at_a_time() -> None:
+    ordered = RabbitMQIngress("amqp://guest:guest@localhost/?queue=q&ordered=true")
+    assert (ordered.ordered, ordered.prefetch) == (True, 1)
+    with pytest.raises(BadURL, match="ordered=true takes one message at a time"):
+        RabbitMQIngress("amqp://guest:guest@localhost/?queue=q&ordered=true&prefetch=8")
+    with pytest.raises(BadURL, match="must be true or false"):
+        RabbitMQIngress("amqp://guest:guest@localhost/?queue=q&ordered=maybe")
+
+
+async def test_a_broker_down_at_start_is_retried_until_it_answers(
+    queue: TestQueue, consume: Callable[..., Any], broker_proxy: FaultProxy
+) -> None:
+    await broker_proxy.refuse()
+    target = urlsplit(RABBITMQ_URL)
+    via = f"amqp://guest:guest@127.0.0.1:{broker_proxy.port}{target.path or '/'}"
+    consumer = await consume(f"{via}?queue={queue.name}")  # returns: retrying in the background
+    assert consumer._connection is None
+    await queue.publish({"order_id": "o-late"}, message_id="m-late")
+    await broker_proxy.forward()
+    [record] = await completed(consumer._dispatcher.host, 1)
+    assert record.idempotency_key == "m-late"
+
+
+async def test_a_refused_login_is_one_error_without_the_password(host_factory: MakeHost) -> None:
+    target = urlsplit(RABBITMQ_URL)
+    url = f"amqp://guest:Wr0ng-pw@{target.hostname}:{target.port or 5672}/?queue=never"
+    consumer = RabbitMQIngress(url)
+    with pytest.raises(FlowXError, match="RabbitMQ refused the login") as caught:
+        await consumer.start(IngressDispatcher(await host_factory(*FLOWS)))
+    assert caught.value.code == "ingress.refused"
+    assert "Wr0ng" not in str(caught.value)
+    await consumer.stop(timeout=1)

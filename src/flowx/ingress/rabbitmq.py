@@ -4,8 +4,8 @@ signal (R6.1, R9.9), through ``flowx.ingress.core``.
 The URL names the queue: ``amqp://user:pass@host:5672/vhost?queue=orders`` (``amqps://`` for
 TLS). Optional parameters: ``dead=`` the dead-letter exchange and queue (``<queue>.dead`` by
 default), ``prefetch=`` the most unacknowledged messages this worker holds (64 by default,
-never above the host's ``max_concurrent_flows``). FlowX takes these off before aio-pika sees
-the URL.
+never above the host's ``max_concurrent_flows``), ``ordered=true`` (below). FlowX takes
+these off before aio-pika sees the URL.
 
 * **Declared at start.** The queue, durable; a fanout exchange and a durable queue, both named
   ``dead``, bound together. A queue declared beforehand must be durable with no arguments
@@ -25,6 +25,11 @@ the URL.
   waits before its start until the host has a free slot (``max_concurrent_flows`` minus the
   instances in flight and the messages being handled): a full worker holds at most its
   prefetch and RabbitMQ gives the rest of the queue to the other workers (competing consumers).
+* **In order.** ``ordered=true`` declares the queue with ``x-single-active-consumer`` and
+  takes one message at a time (prefetch 1): of the workers on the queue one consumes, in
+  queue order, and another takes over when it goes. For order per tenant, route tenants to
+  several such queues with RabbitMQ's consistent-hash exchange (README). A queue declared
+  beforehand without that argument is refused by RabbitMQ (``ingress.refused``).
 * **Reconnects.** The connection is aio-pika's robust one: after a broker restart it reconnects
   and consumes again; messages unacked on the lost connection are redelivered by RabbitMQ.
 """
@@ -52,7 +57,7 @@ from flowx.urls import BadURL, check_text, split, take_params
 log = logging.getLogger("flowx.ingress")
 
 _CODE: Final = "ingress.bad_url"
-_PARAMS: Final = frozenset({"queue", "dead", "prefetch"})
+_PARAMS: Final = frozenset({"queue", "dead", "prefetch", "ordered"})
 DEFAULT_PREFETCH: Final = 64
 #: Backoff before a message our side could not take is requeued: first, and most.
 BACKOFF_FIRST: Final = 0.5
@@ -72,7 +77,16 @@ class RabbitMQIngress:
         self._url, params = take_params(url, lambda name: name in _PARAMS)
         self.queue = _name(params.get("queue"), "queue", shown)
         self.dead = _name(params.get("dead", f"{self.queue}.dead"), "dead", shown)
+        self.ordered = _flag(params.get("ordered"), "ordered", shown)
         self.prefetch = _prefetch(params.get("prefetch"), shown)
+        if self.ordered and params.get("prefetch", "1") != "1":
+            raise BadURL(
+                f"ingress URL {shown!r}: ordered=true takes one message at a time; drop prefetch=",
+                url=shown,
+                code=_CODE,
+            )
+        if self.ordered:
+            self.prefetch = 1
         self._timeout = timeout
         self._dispatcher: IngressDispatcher | None = None
         self._connection: Any = None
@@ -149,7 +163,11 @@ class RabbitMQIngress:
             )
             dead_queue = await confirming.declare_queue(self.dead, durable=True)
             await dead_queue.bind(dead_exchange)
-            queue = await consuming.declare_queue(self.queue, durable=True)
+            queue = await consuming.declare_queue(
+                self.queue,
+                durable=True,
+                arguments={"x-single-active-consumer": True} if self.ordered else None,
+            )
             self._dead_exchange, self._queue, self._connection = dead_exchange, queue, connection
             self._tag = await queue.consume(self._on_message)
         except exceptions.ChannelClosed as exc:  # a precondition, an access refusal: no retry helps
@@ -331,6 +349,18 @@ def _name(value: str | None, param: str, shown: str) -> str:
             code=_CODE,
         )
     return value
+
+
+def _flag(value: str | None, param: str, shown: str) -> bool:
+    if value is None or value.lower() in ("0", "false", "no"):
+        return False
+    if value.lower() in ("1", "true", "yes"):
+        return True
+    raise BadURL(
+        f"ingress URL {shown!r}: {param}={value[:20]!r} must be true or false",
+        url=shown,
+        code=_CODE,
+    )
 
 
 def _prefetch(value: str | None, shown: str) -> int:
