@@ -1,151 +1,48 @@
 """The NATS JetStream ingress against the real server (R6.1, R9.9; SPEC §8 "poison message at
 ingress"): each test has a stream and consumer of its own, deleted after it. Hosts run on the
-in-memory store, except the kill test's worker process and its successor (PostgreSQL)."""
+in-memory store, except the worker processes' (PostgreSQL). Connections, TLS and URLs:
+``test_nats_connections.py``."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import subprocess
 import sys
-import uuid
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager, suppress
-from dataclasses import dataclass
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import psycopg
 import pytest
 
 import flowx
-from flowx.ingress import Dead, Delivery, IngressDispatcher, IngressRetry, Signalled, Started
-from flowx.ingress.nats_jetstream import (
-    NatsIngressUnavailable,
-    NatsJetStreamIngress,
-    parse_url,
-)
-from flowx.ingress.urls import consumer_from_url, consumers_from_urls
-from flowx.stores.protocols import InstanceQuery
-from flowx.stores.records import InstanceState
-from flowx.urls import BadURL
+from flowx.ingress import Dead, Delivery, IngressRetry, Signalled, Started
+from flowx.ingress.nats_jetstream import NatsIngressUnavailable, NatsJetStreamIngress
 from tests.ingress.flows import FLOWS
+from tests.ingress.jetstream import (
+    Recording,
+    Stream,
+    completed,
+    consuming,
+    instances,
+    order,
+    own_stream,
+)
 from tests.ingress.test_worker_processes import N, states, stop, worker
 from tests.postgres_support import PG_DSN
-from tests.support.fault_proxy import FaultProxy
 from tests.support.polling import until, until_sync
 
-NATS = os.environ.get("FLOWX_TEST_NATS_URL", "nats://127.0.0.1:4222")
 ROOT = Path(__file__).resolve().parents[2]
 MakeHost = Callable[..., Any]
 
 
-@dataclass
-class Stream:
-    """A stream of the test's own, capturing ``<prefix>.>``."""
-
-    nc: Any
-    name: str
-    prefix: str
-
-    def url(self, consumer: str = "workers", query: str = "") -> str:
-        return f"{NATS}/{self.name}/{consumer}{'?' + query if query else ''}"
-
-    async def publish(self, body: bytes, flow: str = "ing.order", **headers: str) -> Any:
-        js = self.nc.jetstream()
-        return await js.publish(f"{self.prefix}.{flow}", body, headers=headers or None)
-
-    async def consumer(self, name: str = "workers") -> Any:
-        return await self.nc.jetstream()._jsm.consumer_info(self.name, name)
-
-    async def drained(self, name: str = "workers") -> bool:
-        """Every message taken and settled (acked or terminated): none pending, none out."""
-        info = await self.consumer(name)
-        return bool(info.num_pending == 0 and info.num_ack_pending == 0)
-
-    async def dead_letters(self) -> list[Any]:
-        jsm = self.nc.jetstream()._jsm
-        info = await jsm.stream_info(f"{self.name}_DEAD")
-        return [
-            await jsm.get_msg(info.config.name, seq) for seq in range(1, info.state.last_seq + 1)
-        ]
-
-    async def dead_count(self) -> int:
-        try:
-            info = await self.nc.jetstream()._jsm.stream_info(f"{self.name}_DEAD")
-        except Exception:
-            return 0
-        return int(info.state.messages)
-
-
 @pytest.fixture
 async def stream() -> AsyncIterator[Stream]:
-    import nats
-    from nats.js import api
-
-    try:
-        nc = await nats.connect(NATS, connect_timeout=2, allow_reconnect=False)
-    except Exception as exc:
-        pytest.skip(f"NATS is not running at {NATS}: {exc!r}")
-    tag = uuid.uuid4().hex[:10]
-    made = Stream(nc, f"FXT_{tag}", f"fxt_{tag}")
-    # A short duplicate window, so a test can store the same Nats-Msg-Id twice.
-    config = api.StreamConfig(name=made.name, subjects=[f"{made.prefix}.>"], duplicate_window=0.2)
-    await nc.jetstream()._jsm.add_stream(config)
-    yield made
-    for name in (made.name, f"{made.name}_DEAD"):
-        with suppress(Exception):
-            await nc.jetstream()._jsm.delete_stream(name)
-    await nc.close()
-
-
-class Recording(IngressDispatcher):
-    """The verdicts it gave, in order; ``gate`` (when set up) holds each handle until opened."""
-
-    def __init__(self, host: flowx.FlowHost, **kw: Any) -> None:
-        super().__init__(host, **kw)
-        self.verdicts: list[tuple[Delivery, Any]] = []
-        self.gate: asyncio.Event | None = None
-        self.holding = 0
-
-    async def handle(self, d: Delivery) -> Any:
-        if self.gate is not None:
-            self.holding += 1
-            await self.gate.wait()
-            self.holding -= 1
-        verdict = await super().handle(d)
-        self.verdicts.append((d, verdict))
-        return verdict
-
-    def started(self) -> list[Started]:
-        return [v for _, v in self.verdicts if isinstance(v, Started)]
-
-
-@asynccontextmanager
-async def consuming(url: str, dispatcher: IngressDispatcher, **kw: Any) -> AsyncIterator[Any]:
-    ingress = NatsJetStreamIngress(url, **{"retry_delay": 0.1, **kw})
-    await ingress.start(dispatcher)
-    try:
-        yield ingress
-    finally:
-        await ingress.stop(timeout=10)
-
-
-async def instances(host: flowx.FlowHost) -> list[Any]:
-    assert host.store is not None
-    return list(await host.store.catalog.list_instances(InstanceQuery(limit=500)))
-
-
-async def completed(host: flowx.FlowHost, n: int) -> bool:
-    found = await instances(host)
-    return len(found) == n and all(r.state is InstanceState.COMPLETED for r in found)
-
-
-def order(order_id: str, **kw: Any) -> bytes:
-    return json.dumps({"order_id": order_id, **kw}).encode()
+    async with own_stream() as made:
+        yield made
 
 
 async def test_a_message_starts_an_instance_that_completes_and_is_acked(
@@ -426,25 +323,6 @@ async def test_a_signal_by_message_wakes_the_instance_and_its_redelivery_is_a_du
     assert await stream.dead_count() == 0
 
 
-async def test_the_ingress_reconnects_after_its_connection_is_cut(
-    stream: Stream, host_factory: MakeHost
-) -> None:
-    host = await host_factory(*FLOWS)
-    server = urlsplit(NATS)
-    async with FaultProxy(server.hostname or "127.0.0.1", server.port or 4222) as proxy:
-        url = f"nats://127.0.0.1:{proxy.port}/{stream.name}/workers"
-        async with consuming(url, Recording(host)) as ingress:
-            await stream.publish(order("before"))
-            await until(lambda: completed(host, 1), within=10, what="the first one completed")
-            await proxy.refuse()  # a broker restart, as the worker sees it
-            await until(lambda: not ingress.connected, within=10, what="the connection cut")
-            await stream.publish(order("during"))
-            await proxy.forward()
-            await until(lambda: ingress.connected, within=10, what="the ingress reconnected")
-            await until(lambda: completed(host, 2), within=20, what="the second one completed")
-            await until(stream.drained, within=10, what="both acked")
-
-
 @pytest.mark.crash
 async def test_a_worker_killed_mid_batch_loses_no_message(
     stream: Stream, pg_schema: Callable[[], str]
@@ -499,74 +377,6 @@ async def test_a_worker_killed_mid_batch_loses_no_message(
 
 
 # -- configuration ----------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("url", "said"),
-    [
-        ("nats://u:hunter2@h:4222", "use nats://host:4222/<stream>/<consumer>"),
-        ("nats://u:hunter2@h:4222/only-stream", "use nats://host:4222/<stream>/<consumer>"),
-        ("amqp://u:hunter2@h/s/c", "use nats://host:4222/<stream>/<consumer>"),
-        ("nats://u:hunter2@h:4222/a.b/c", "stream name 'a.b' may hold only"),
-        ("nats://u:hunter2@h:4222/s/c*", "consumer name 'c*' may hold only"),
-        ("nats://u:hunter2@h:4222/s/c?queue=orders", "unknown parameter 'queue'"),
-        ("nats://u:hunter2@h:4222/s/c?batch=0", "batch='0' must be a number of at least 1"),
-        ("nats://u:hunter2@h:4222/s/c?ack_wait=x", "ack_wait='x' must be a number"),
-        ("nats://u:hunter2@h:4222/s/c?filter=a.>.b", "filter 'a.>.b' must be a subject"),
-        ("nats://u:hunter2@h:4222/s/c?dead_subject=a.>", "dead_subject 'a.>' must be"),
-        ("nats://u:hunter2@h:99999/s/c", "port"),
-    ],
-)
-def test_a_bad_url_is_refused_in_one_line_without_its_password(url: str, said: str) -> None:
-    with pytest.raises(BadURL) as caught:
-        parse_url(url)
-    message = str(caught.value)
-    assert said in message and "\n" not in message and "hunter2" not in message
-
-
-def test_unusable_tls_files_are_refused_when_the_ingress_is_built() -> None:
-    with pytest.raises(BadURL, match="the TLS files cannot be used") as caught:
-        NatsJetStreamIngress("tls://h:4222/S/c?tls_ca=/nonexistent/ca.pem")
-    assert caught.value.code == "ingress.bad_url"
-
-
-def test_a_good_url_names_server_stream_consumer_and_dead_subject() -> None:
-    target = parse_url("nats://u:pw@nats.local:4222/ORDERS/workers?dead_subject=dlq.orders")
-    assert (target.server, target.stream, target.consumer, target.dead_prefix) == (
-        "nats://u:pw@nats.local:4222",
-        "ORDERS",
-        "workers",
-        "dlq.orders",
-    )
-    assert parse_url("tls://h:4222/S/c").wants_tls
-    assert parse_url("nats://h/S/c").dead_prefix == "flowx.dead.S"
-
-
-async def test_a_missing_stream_or_unreachable_server_is_said_at_open(
-    stream: Stream, host_factory: MakeHost
-) -> None:
-    dispatcher = IngressDispatcher(await host_factory(*FLOWS))
-    with pytest.raises(NatsIngressUnavailable, match="stream 'FXT_none' does not exist"):
-        await NatsJetStreamIngress(f"{NATS}/FXT_none/workers").start(dispatcher)
-    with pytest.raises(NatsIngressUnavailable, match="cannot be reached") as caught:
-        await NatsJetStreamIngress("nats://u:hunter2@127.0.0.1:1/S/c", timeout=1).start(dispatcher)
-    assert "hunter2" not in str(caught.value)
-
-
-async def test_a_dead_subject_the_stream_itself_captures_is_refused(
-    stream: Stream, host_factory: MakeHost
-) -> None:
-    dispatcher = IngressDispatcher(await host_factory(*FLOWS))
-    url = stream.url(query=f"dead_subject={stream.prefix}.dead")
-    with pytest.raises(NatsIngressUnavailable, match="dead letters would come back as work"):
-        await NatsJetStreamIngress(url).start(dispatcher)
-
-
-def test_a_nats_ingress_url_is_dispatched_to_this_adapter() -> None:
-    (consumer,) = consumers_from_urls(["nats://u:hunter2@h:4222/ORDERS/workers"])
-    assert isinstance(consumer, NatsJetStreamIngress)
-    assert consumer.name == "nats stream 'ORDERS' consumer 'workers'"
-    assert isinstance(consumer_from_url("tls://h:4222/ORDERS/workers"), NatsJetStreamIngress)
 
 
 @pytest.mark.crash

@@ -55,10 +55,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
-from dataclasses import dataclass
+import ssl
 from typing import Any, Final
-from urllib.parse import urlunsplit
 
 from flowx.errors import FlowXError
 from flowx.ingress.core import (
@@ -69,28 +67,15 @@ from flowx.ingress.core import (
     IngressDispatcher,
     IngressRetry,
 )
-from flowx.outbox.nats_jetstream import TLS_PARAMS, tls_context
+from flowx.ingress.nats_url import CODE, NatsTarget, covers, parse_url
+from flowx.outbox.nats_jetstream import tls_context
 from flowx.redaction import guard_logs, redact
-from flowx.urls import BadURL, check_text, split, take_params
+from flowx.urls import BadURL
 
 log = logging.getLogger("flowx.ingress.nats")
 
 __all__ = ["NatsIngressUnavailable", "NatsJetStreamIngress", "NatsTarget", "parse_url"]
 
-_CODE: Final = "ingress.bad_url"
-_USAGE: Final = (
-    "use nats://host:4222/<stream>/<consumer> (or tls://...), optionally with "
-    "?dead_subject=<subject prefix>, batch=, ack_wait=, max_ack_pending=, filter=, tls_ca=, "
-    "tls_cert=, tls_key="
-)
-#: The URL's numeric parameters: (smallest, default).
-_NUMBERS: Final = {"batch": (1, 64), "ack_wait": (1, 30), "max_ack_pending": (1, 1_000)}
-#: A stream or consumer name JetStream accepts: no '.', '*', '>', space or path separator.
-_NAME: Final = re.compile(r"[A-Za-z0-9_-]{1,200}")
-#: A literal subject: dot-separated tokens, no wildcards, no white space.
-_SUBJECT: Final = re.compile(r"[^.*>\s]+(\.[^.*>\s]+)*")
-#: A subject filter: tokens, each ``*`` or literal, the last may be ``>``.
-_FILTER: Final = re.compile(r"([^.*>\s]+|\*)(\.([^.*>\s]+|\*))*(\.>)?|>")
 #: Set on a dead letter whose body was left out: it fitted the server only without our headers.
 DEAD_BODY_DROPPED_HEADER: Final = "flowx-dead-body-dropped"
 #: The longest nak delay, whatever the number of deliveries.
@@ -101,109 +86,16 @@ _ROOM_POLL: Final = 0.05
 
 
 class NatsIngressUnavailable(FlowXError):
-    """The server, the stream, the consumer or the dead-letter stream cannot be used as the
-    URL asks; the message says which and what to do."""
+    """The server refused us (``ingress.refused``: the login, TLS), or the stream, the
+    consumer or the dead-letter stream cannot be used as the URL asks; the message says which
+    and what to do."""
 
     code = "ingress.unavailable"
 
 
-@dataclass(frozen=True)
-class NatsTarget:
-    """A parsed ingress URL: ``server`` is what nats-py connects to (no path, no FlowX
-    parameters), ``shown`` the URL with its secrets redacted."""
-
-    server: str
-    stream: str
-    consumer: str
-    dead_prefix: str
-    tls_files: dict[str, str]
-    shown: str
-    batch: int = 64
-    ack_wait: float = 30.0
-    max_ack_pending: int = 1_000
-    subject_filter: str | None = None
-
-    @property
-    def wants_tls(self) -> bool:
-        return bool(self.tls_files) or self.server.startswith("tls://")
-
-
-def parse_url(url: str) -> NatsTarget:
-    """``url`` checked and taken apart; ``BadURL`` naming what is wrong otherwise."""
-    check_text(url, "NATS ingress")
-    shown = redact(url)
-    server, params = take_params(url, lambda _name: True)
-    unknown = sorted(set(params) - {"dead_subject", "filter", *_NUMBERS, *TLS_PARAMS})
-    if unknown:
-        raise BadURL(
-            f"NATS ingress URL {shown!r}: unknown parameter {unknown[0]!r}; {_USAGE}",
-            url=shown,
-            code=_CODE,
-        )
-    parts = split(server, "NATS ingress", code=_CODE)
-    segments = parts.path.strip("/").split("/") if parts.path.strip("/") else []
-    if parts.scheme not in ("nats", "tls") or not parts.hostname or len(segments) != 2:
-        raise BadURL(f"NATS ingress URL {shown!r} is not usable: {_USAGE}", url=shown, code=_CODE)
-    stream, consumer = segments
-    for what, name in (("stream", stream), ("consumer", consumer)):
-        if not _NAME.fullmatch(name):
-            raise BadURL(
-                f"NATS ingress URL {shown!r}: {what} name {redact(name)!r} may hold only "
-                "letters, digits, '-' and '_'",
-                url=shown,
-                code=_CODE,
-            )
-    dead_prefix = params.get("dead_subject") or f"flowx.dead.{stream}"
-    if not _SUBJECT.fullmatch(dead_prefix):
-        raise BadURL(
-            f"NATS ingress URL {shown!r}: dead_subject {redact(dead_prefix)!r} must be a "
-            "subject without wildcards or spaces, e.g. dead_subject=orders_dead",
-            url=shown,
-            code=_CODE,
-        )
-    subject_filter = params.get("filter") or None
-    if subject_filter is not None and not _FILTER.fullmatch(subject_filter):
-        raise BadURL(
-            f"NATS ingress URL {shown!r}: filter {redact(subject_filter)!r} must be a subject, "
-            "with '*' for one token and a last '>' for the rest, e.g. filter=orders.eu.>",
-            url=shown,
-            code=_CODE,
-        )
-    tls_files = {k: v for k, v in params.items() if k in TLS_PARAMS}
-    numbers = {k: _number(params, k, shown) for k in _NUMBERS}
-    server_url = urlunsplit((parts.scheme, parts.netloc, "", "", ""))
-    return NatsTarget(
-        server_url,
-        stream,
-        consumer,
-        dead_prefix,
-        tls_files,
-        shown,
-        batch=int(numbers["batch"]),
-        ack_wait=numbers["ack_wait"],
-        max_ack_pending=int(numbers["max_ack_pending"]),
-        subject_filter=subject_filter,
-    )
-
-
-def _number(params: dict[str, str], name: str, shown: str) -> float:
-    """The URL's ``name`` parameter, or its default; ``BadURL`` for one out of range."""
-    least, default = _NUMBERS[name]
-    text = params.get(name)
-    if text is None:
-        return float(default)
-    try:
-        value = float(text) if name == "ack_wait" else int(text)
-    except ValueError:
-        value = least - 1
-    if not least <= value <= 10**9:
-        raise BadURL(
-            f"NATS ingress URL {shown!r}: {name}={redact(text)!r} must be a number of at "
-            f"least {least} (default {default})",
-            url=shown,
-            code=_CODE,
-        )
-    return float(value)
+class _NotReached(NatsIngressUnavailable):
+    """No server answered: at start-up, retried in the background (the broker may come up
+    after the worker)."""
 
 
 class NatsJetStreamIngress:
@@ -231,7 +123,7 @@ class NatsJetStreamIngress:
             try:
                 tls_context(self.target.shown, self.target.tls_files)
             except BadURL as exc:
-                raise BadURL(exc.message, url=exc.url, code=_CODE) from exc
+                raise BadURL(exc.message, url=exc.url, code=CODE) from exc
         self._fetch_wait = fetch_wait
         self._retry_delay = retry_delay
         self._timeout = timeout
@@ -259,15 +151,22 @@ class NatsJetStreamIngress:
     async def open(self) -> None:
         """Connect, check the stream, create the consumer and the dead-letter stream if
         absent, and bind the pull subscription; ``NatsIngressUnavailable`` saying what is
-        missing (the server unreachable, no such stream, a push consumer)."""
+        missing (the server unreachable or refusing us, no such stream, a push consumer)."""
         if self._sub is not None:
             return
         try:
             await self._connect()
             await self._prepare()
-        except BaseException:
+        except BaseException as exc:
             await self.close()
+            if isinstance(exc, Exception) and not isinstance(exc, FlowXError):
+                raise NatsIngressUnavailable(
+                    f"NATS JetStream at {self.target.shown!r} cannot be used: {self._said(exc)}"
+                ) from exc
             raise
+
+    def _said(self, exc: BaseException) -> str:
+        return redact(repr(exc), secrets_of=(self.target.server,))
 
     async def _connect(self) -> None:
         from nats.aio.client import Client
@@ -275,33 +174,54 @@ class NatsJetStreamIngress:
         guard_logs("nats", "flowx")  # R9.8: a driver's line never shows the URL's secrets
         target = self.target
         tls = tls_context(target.shown, target.tls_files) if target.wants_tls else None
+        first_error: asyncio.Future[Exception] = asyncio.get_running_loop().create_future()
 
-        async def quiet(_exc: Exception) -> None:
-            return None
+        async def noted(exc: Exception) -> None:
+            if not first_error.done():
+                first_error.set_result(exc)
 
-        # Reconnect for ever once connected (a broker restart must not end the ingress); the
-        # first connect is bounded by ``timeout`` instead, as nats-py would retry it for ever.
+        # Reconnect for ever once connected (a broker restart must not end the ingress). The
+        # first connect would be retried for ever too: its first error ends it instead.
         nc: Any = Client()  # typed loosely: its stubs want ints where floats work
         self._nc = nc
-        try:
-            async with asyncio.timeout(self._timeout):
-                await nc.connect(
-                    target.server,
-                    connect_timeout=max(1, round(self._timeout)),
-                    allow_reconnect=True,
-                    max_reconnect_attempts=-1,
-                    reconnect_time_wait=0.5,
-                    error_cb=quiet,
-                    **({"tls": tls} if tls is not None else {}),
-                )
-        except Exception as exc:
-            raise NatsIngressUnavailable(
-                f"NATS at {target.shown!r} cannot be reached: "
-                f"{redact(repr(exc), secrets_of=(target.server,))}"
-            ) from exc
+        connecting = asyncio.ensure_future(
+            nc.connect(
+                target.server,
+                connect_timeout=max(1, round(self._timeout)),
+                allow_reconnect=True,
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=0.5,
+                error_cb=noted,
+                **({"tls": tls} if tls is not None else {}),
+            )
+        )
+        done, _ = await asyncio.wait(
+            {connecting, first_error}, timeout=self._timeout, return_when="FIRST_COMPLETED"
+        )
+        failed = connecting.exception() if connecting in done else None
+        if connecting not in done or failed is not None:
+            if connecting not in done:
+                connecting.cancel()
+                with contextlib.suppress(BaseException):
+                    await connecting
+            why: BaseException = (
+                first_error.result()
+                if first_error.done()
+                else failed or TimeoutError(f"no answer within {self._timeout:g}s")
+            )
+            if _refusal(why):
+                raise NatsIngressUnavailable(
+                    f"NATS at {target.shown!r} refused the connection: {self._said(why)}; "
+                    "check the URL's user, password and TLS files",
+                    code="ingress.refused",
+                ) from why
+            raise _NotReached(
+                f"NATS at {target.shown!r} cannot be reached: {self._said(why)}"
+            ) from why
         if tls is not None and not nc._server_info.get("tls_required"):
             raise NatsIngressUnavailable(
-                f"NATS at {target.shown!r} does not require TLS, which the URL asks for"
+                f"NATS at {target.shown!r} does not require TLS, which the URL asks for",
+                code="ingress.refused",
             )
         self._js = nc.jetstream(timeout=self._timeout)
 
@@ -374,7 +294,7 @@ class NatsJetStreamIngress:
             found: str = await jsm.find_stream_name_by_subject(wanted)
         except NotFoundError:
             found = ""
-        if found == target.stream or any(_covers(s, wanted) for s in own_subjects):
+        if found == target.stream or any(covers(s, wanted) for s in own_subjects):
             raise NatsIngressUnavailable(
                 f"NATS stream {target.stream!r} captures the dead-letter subject "
                 f"{wanted!r}: dead letters would come back as work; set dead_subject= to a "
@@ -395,12 +315,36 @@ class NatsJetStreamIngress:
     # -- consuming -------------------------------------------------------------------------
 
     async def start(self, dispatcher: IngressDispatcher) -> None:
-        """Open (``NatsIngressUnavailable`` if the server, the stream or the dead-letter
-        stream cannot be used), then consume in the background until ``stop``."""
+        """Open, then consume in the background until ``stop``. A server that refuses us, or
+        a stream, consumer or dead-letter stream that cannot be used, raises
+        ``NatsIngressUnavailable``; a server that does not answer is retried in the
+        background (with a backoff to ``MAX_RETRY_DELAY``), as the broker may start later."""
         self._stopping.clear()
-        await self.open()
-        self._consuming = asyncio.create_task(self._consume(dispatcher))
+        try:
+            await self.open()
+        except _NotReached as exc:
+            log.warning("%s: %s; retrying in the background", self.name, exc.message)
+            work = self._open_then_consume(dispatcher)
+        else:
+            work = self._consume(dispatcher)
+        self._consuming = asyncio.create_task(work)
         self._consuming.add_done_callback(self._ended)
+
+    async def _open_then_consume(self, dispatcher: IngressDispatcher) -> None:
+        delay = self._retry_delay
+        while True:
+            await self._wait_stopping(delay)
+            if self._stopping.is_set():
+                return
+            try:
+                await self.open()
+            except NatsIngressUnavailable as exc:  # the stream may be created meanwhile too
+                delay = min(delay * 2, MAX_RETRY_DELAY)
+                log.warning("%s: still not consuming: %s", self.name, exc.message)
+            else:
+                log.info("%s: connected, consuming", self.name)
+                break
+        await self._consume(dispatcher)
 
     async def _consume(self, dispatcher: IngressDispatcher) -> None:
         try:
@@ -562,22 +506,25 @@ class NatsJetStreamIngress:
                 await nc.close()
 
 
+def _refusal(exc: BaseException) -> bool:
+    """An answer from the server that no retry changes: the login refused, TLS failed or
+    not spoken as asked."""
+    from nats import errors
+
+    refused = (
+        errors.AuthorizationError,
+        errors.SecureConnRequiredError,
+        errors.SecureConnWantedError,
+        errors.SecureConnFailedError,
+        ssl.SSLError,
+    )
+    if isinstance(exc, refused):
+        return True
+    return "authorization violation" in str(exc).lower()
+
+
 def _header_bytes(headers: dict[str, str]) -> int:
     """What ``headers`` add to a message on the wire (``NATS/1.0`` and one line each), with a
     margin for the stream's expected-stream header."""
     lines = sum(len(k.encode()) + len(v.encode()) + 4 for k, v in headers.items())
     return len(b"NATS/1.0\r\n\r\n") + lines + 128
-
-
-def _covers(pattern: str, subject: str) -> bool:
-    """Whether the stream subject ``pattern`` overlaps ``subject`` (both may hold ``*`` and a
-    trailing ``>``): a dead letter published under ``subject`` would land in its stream."""
-    a, b = pattern.split("."), subject.split(".")
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x == ">" or y == ">":
-            return True
-        if x != y and "*" not in (x, y):
-            return False
-        if i == min(len(a), len(b)) - 1 and len(a) == len(b):
-            return True
-    return False
