@@ -48,6 +48,11 @@ While a message is handled, ``in_progress`` is sent every third of the consumer'
 a slow start is not redelivered to another worker meanwhile. Backpressure: a fetch asks for at
 most the host's free flow slots (less the messages being handled); with no free slot nothing
 is fetched.
+
+Connection: once connected, nats-py reconnects for ever (a broker restart does not end the
+ingress). At ``start``, a server that does not answer is retried in the background, since a
+broker may come up after its workers; one that refuses us (login, TLS) or a stream, consumer
+or dead-letter stream that cannot be used raises ``NatsIngressUnavailable`` at once.
 """
 
 from __future__ import annotations
