@@ -213,3 +213,26 @@ async def test_a_server_in_clear_asked_for_tls_is_refused(
     dispatcher = IngressDispatcher(await host_factory(*FLOWS))
     with pytest.raises(NatsIngressUnavailable, match="does not require TLS"):
         await NatsJetStreamIngress(url, timeout=2).start(dispatcher)
+
+
+async def test_a_deleted_consumer_is_reported_and_not_created_again(
+    stream: Stream,
+    host_factory: MakeHost,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from nats.js.errors import NotFoundError
+
+    from flowx.ingress import nats_jetstream
+
+    monkeypatch.setattr(nats_jetstream, "IDLE_CHECK", 0.05)
+    host = await host_factory(*FLOWS)
+    async with consuming(stream.url(), Recording(host), fetch_wait=0.2):
+        await stream.nc.jetstream().delete_consumer(stream.name, "workers")
+        await until(
+            lambda: any("is gone" in r.getMessage() for r in caplog.records),
+            within=10,
+            what="the missing consumer reported",
+        )
+    with pytest.raises(NotFoundError):  # a new one would read the stream from its start
+        await stream.consumer()

@@ -85,6 +85,8 @@ __all__ = ["NatsIngressUnavailable", "NatsJetStreamIngress", "NatsTarget", "pars
 DEAD_BODY_DROPPED_HEADER: Final = "flowx-dead-body-dropped"
 #: The longest nak delay, whatever the number of deliveries.
 MAX_RETRY_DELAY: Final = 60.0
+#: How often (seconds) an idle worker checks that its consumer still exists.
+IDLE_CHECK: Final = 30.0
 #: How often a worker with no free slot looks again (in-flight instances end without a signal
 #: this module could wait on).
 _ROOM_POLL: Final = 0.05
@@ -141,6 +143,7 @@ class NatsJetStreamIngress:
         self._handling: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()
         self._consuming: asyncio.Task[None] | None = None
+        self._next_check = 0.0  # the loop's clock: when an idle worker next checks its consumer
 
     @property
     def name(self) -> str:
@@ -379,6 +382,7 @@ class NatsJetStreamIngress:
         try:
             msgs: list[Any] = await self._sub.fetch(room, timeout=self._fetch_wait)
         except (NatsTimeout, TimeoutError):
+            await self._check_idle()
             return []  # nothing to take
         except Exception as exc:  # disconnected, the consumer deleted, ...: try again soon
             log.warning(
@@ -389,6 +393,30 @@ class NatsJetStreamIngress:
             await self._wait_stopping(self._retry_delay)
             return []
         return msgs
+
+    async def _check_idle(self) -> None:
+        """Now and then while idle, make sure the consumer still exists: a fetch from a
+        deleted one just comes back empty. It is not created again (a new consumer would
+        read the stream from its start); the error says what to do."""
+        from nats.js.errors import NotFoundError
+
+        now = asyncio.get_running_loop().time()
+        if now < self._next_check:
+            return
+        self._next_check = now + IDLE_CHECK
+        try:
+            await self._js._jsm.consumer_info(self.target.stream, self.target.consumer)
+        except NotFoundError:
+            log.error(
+                "NATS ingress %s: consumer %r on stream %r is gone; this worker takes nothing "
+                "from it until it exists (a restart creates it, reading the stream from its "
+                "start)",
+                self.target.shown,
+                self.target.consumer,
+                self.target.stream,
+            )
+        except Exception:  # disconnected: the next fetch says so
+            return
 
     async def _wait_stopping(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
