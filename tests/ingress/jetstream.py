@@ -120,8 +120,14 @@ async def own_stream() -> AsyncIterator[Stream]:
         pytest.skip(f"NATS is not running at {NATS}: {exc!r}")
     tag = uuid.uuid4().hex[:10]
     made = Stream(nc, f"FXT_{tag}", f"fxt_{tag}")
-    # A short duplicate window, so a test can store the same Nats-Msg-Id twice.
-    config = api.StreamConfig(name=made.name, subjects=[f"{made.prefix}.>"], duplicate_window=0.2)
+    # A work queue, as the README advises; a short duplicate window, so a test can store the
+    # same Nats-Msg-Id twice.
+    config = api.StreamConfig(
+        name=made.name,
+        subjects=[f"{made.prefix}.>"],
+        retention=api.RetentionPolicy.WORK_QUEUE,
+        duplicate_window=0.2,
+    )
     await nc.jetstream()._jsm.add_stream(config)
     try:
         yield made
