@@ -251,6 +251,23 @@ def test_a_bad_publisher_url_stops_the_worker_with_one_line(db: str, url: str, s
     assert "Traceback" not in err and says in err and "s3cret" not in err
 
 
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("amqp://guest:s3cret@127.0.0.1:5672/", "names no queue"),
+        ("amqp://guest:s3cret@[::1", "cannot be parsed"),
+        ("kafka://guest:s3cret@127.0.0.1:9092", "cannot consume from"),
+        ("amqp://guest:s3cret@127.0.0.1:5672/?queue=q&prefetch=-1", "from 1 to 65535"),
+    ],
+    ids=["no-queue", "ipv6", "scheme", "prefetch"],
+)
+def test_a_bad_ingress_url_stops_the_worker_with_one_line(db: str, url: str, says: str) -> None:
+    code, _, err = flowx_("worker", "--db", db, "--flows", FLOWS_REF, "--ingress", url)
+    assert code == 1
+    assert "Traceback" not in err and says in err and "s3cret" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
 # -- other arguments ----------------------------------------------------------------------
 
 

@@ -4,7 +4,6 @@ naming what to write, never a traceback, never its password."""
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 
 import pytest
 
@@ -12,7 +11,6 @@ from flowx.errors import FlowXError
 from flowx.ingress.rabbitmq import RabbitMQIngress
 from flowx.ingress.urls import consumer_from_url, consumers_from_urls, split_urls
 from flowx.urls import BadURL
-from tests.cli.runner import invoke as flowx_
 
 
 def test_an_amqp_url_is_a_rabbitmq_consumer_and_values_may_be_comma_separated() -> None:
@@ -45,25 +43,3 @@ def test_a_nats_url_says_nats_ingress_is_not_available_without_its_adapter() -> 
     with pytest.raises(FlowXError, match="NATS ingress not available") as caught:
         consumer_from_url("nats://127.0.0.1:4222?stream=X")
     assert caught.value.code == "ingress.not_available"
-
-
-@pytest.mark.parametrize(
-    ("url", "says"),
-    [
-        ("amqp://guest:s3cret@127.0.0.1:5672/", "names no queue"),
-        ("amqp://guest:s3cret@[::1", "cannot be parsed"),
-        ("kafka://guest:s3cret@127.0.0.1:9092", "cannot consume from"),
-        ("amqp://guest:s3cret@127.0.0.1:5672/?queue=q&prefetch=-1", "from 1 to 65535"),
-    ],
-    ids=["no-queue", "ipv6", "scheme", "prefetch"],
-)
-def test_a_bad_ingress_url_stops_the_worker_with_one_line(
-    tmp_path: Path, url: str, says: str
-) -> None:
-    db = f"sqlite:///{tmp_path / 'flowx.db'}"
-    code, _, err = flowx_(
-        "worker", "--db", db, "--flows", "tests.ingress.flows:FLOWS", "--ingress", url
-    )
-    assert code == 1
-    assert "Traceback" not in err and says in err and "s3cret" not in err
-    assert len(err.strip().splitlines()) == 1
