@@ -364,13 +364,20 @@ class NatsJetStreamIngress:
                 for msg in await self._fetch(room):
                     task = asyncio.create_task(self._settle(dispatcher, msg))
                     self._handling.add(task)
-                    task.add_done_callback(self._handling.discard)
+                    task.add_done_callback(self._settled)
             if self._handling:  # stopping: let the messages in hand settle
                 await asyncio.wait(set(self._handling))
         except asyncio.CancelledError:
             for task in self._handling:  # unacked: the server redelivers them
                 task.cancel()
             raise
+
+    def _settled(self, task: asyncio.Task[None]) -> None:
+        """A message's task ended: forget it; a bug in settling it is logged (its message,
+        unacked, comes back after AckWait)."""
+        self._handling.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("NATS ingress %s: settling a message failed: %r", self.name, task.exception())
 
     def _ended(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
