@@ -7,17 +7,19 @@ adapter. "started/s" is N over the time from the consumer's start to the N-th st
 and acked; "completed/s" is N over the time to the N-th instance completed. Both include the
 journal's commits: a start, the step, the end.
 
-    python -m benchmarks.ingress [--broker rabbitmq] [--messages 5000] [--prefetch 64]
+    python -m benchmarks.ingress [--broker rabbitmq|nats] [--messages 5000] [--prefetch 64]
 
-``--broker nats`` is the switch for the NATS JetStream adapter once it is merged (a feeder for
-it goes in ``FEEDERS``). Writes ``benchmarks/results/ingress-<broker>.json`` and prints a
-table. It asserts nothing about speed.
+``--broker nats`` fills a stream of its own (subjects ``<stream>.>``) and consumes it through a
+durable pull consumer; ``--prefetch`` is then the most messages one fetch asks for
+(``batch=``). Writes ``benchmarks/results/ingress-<broker>.json`` and prints a table. It
+asserts nothing about speed.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -40,6 +42,7 @@ from flowx.ingress.urls import consumer_from_url
 RESULTS = Path(__file__).resolve().parent / "results"
 PG = os.environ.get("FLOWX_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
 RABBITMQ = os.environ.get("FLOWX_BENCH_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672/")
+NATS = os.environ.get("FLOWX_BENCH_NATS", "nats://127.0.0.1:4222")
 SCHEMA = "flowx_bench_ingress"
 
 
@@ -82,15 +85,42 @@ async def fill_rabbitmq(queue: str, n: int) -> tuple[str, Callable[[], Awaitable
     return queue, clean
 
 
+async def fill_nats(stream: str, n: int) -> tuple[str, Callable[[], Awaitable[None]]]:
+    """Create the stream ``stream`` (subjects ``<stream>.>``), publish ``n`` start messages,
+    each with its own ``Nats-Msg-Id``; the stream and a clean-up."""
+    import nats
+
+    nc = await nats.connect(NATS)
+    js = nc.jetstream()
+    await js.add_stream(name=stream, subjects=[f"{stream}.>"])
+    for i in range(n):
+        await js.publish(
+            f"{stream}.bench.ingress",
+            json.dumps({"order_id": f"o-{i}"}).encode(),
+            headers={"Nats-Msg-Id": f"m-{i}"},
+        )
+
+    async def clean() -> None:
+        for name in (stream, f"{stream}_DEAD"):
+            with contextlib.suppress(Exception):
+                await js.delete_stream(name)
+        await nc.close()
+
+    return stream, clean
+
+
 #: Broker -> how to fill a queue of N messages for it.
 FEEDERS: dict[str, Callable[[str, int], Awaitable[tuple[str, Callable[[], Awaitable[None]]]]]] = {
     "rabbitmq": fill_rabbitmq,
+    "nats": fill_nats,
 }
 
 
 def ingress_url(broker: str, queue: str, prefetch: int) -> str:
     if broker == "rabbitmq":
         return f"{RABBITMQ}?queue={queue}&prefetch={prefetch}"
+    if broker == "nats":
+        return f"{NATS}/{queue}/bench?batch={prefetch}"
     raise SystemExit(f"--broker {broker}: no feeder yet (add one to FEEDERS once it is merged)")
 
 

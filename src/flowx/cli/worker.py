@@ -60,7 +60,8 @@ def settings_options(fn: Any) -> Any:
     envvar="FLOWX_INGRESS_URL",
     multiple=True,
     help="Take work from this broker queue: amqp://user:pass@host:5672/vhost?queue=orders "
-    "(RabbitMQ) or nats://host:4222?… (NATS JetStream); repeatable or comma-separated; also "
+    "(RabbitMQ) or nats://host:4222/<stream>/<consumer> (NATS JetStream); repeatable or "
+    "comma-separated; also "
     "FLOWX_INGRESS_URL. Each message starts an instance or delivers a signal; poison goes "
     "to a dead-letter queue.",
 )

@@ -23,7 +23,7 @@ from flowx.urls import BadURL, check_text, redact, split
 CODE = "ingress.bad_url"
 USAGE = (
     "cannot consume from {url!r}: use amqp://user:pass@host:5672/vhost?queue=orders "
-    "(RabbitMQ; amqps:// for TLS) or nats://host:4222?stream=ORDERS (NATS JetStream)"
+    "(RabbitMQ; amqps:// for TLS) or nats://host:4222/<stream>/<consumer> (NATS JetStream)"
 )
 
 
