@@ -8,15 +8,10 @@ other takes its partitions over where it stopped, the order still held."""
 from __future__ import annotations
 
 import asyncio
-import json
 import random
-import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
-import aio_pika
 import pytest
-from aiormq import exceptions
 
 from flowx.clock import SystemClock
 from flowx.ingress import Delivery, IngressDispatcher, Started, Verdict
@@ -24,55 +19,10 @@ from flowx.ingress.rabbitmq import RabbitMQIngress
 from flowx.stores.protocols import InstanceQuery
 from flowx.urls import BadURL
 from tests.ingress.flows import FLOWS
-from tests.ingress.rabbit import RABBITMQ_URL
+from tests.ingress.rabbit import Partitioned, per_tenant
 from tests.support.polling import until
 
 TENANTS = [f"tenant-{k}" for k in range(12)]
-
-
-class Partitioned:
-    """The exchange ``name`` and its queues on the broker, deleted after the test."""
-
-    def __init__(self, channel: aio_pika.abc.AbstractChannel, name: str, n: int) -> None:
-        self.channel = channel
-        self.name = name
-        self.n = n
-
-    def url(self) -> str:
-        return f"{RABBITMQ_URL}?queue={self.name}&partitions={self.n}"
-
-    async def publish(self, tenant: str, key: str) -> None:
-        exchange = await self.channel.get_exchange(self.name, ensure=False)
-        body = json.dumps({"order_id": key}).encode()
-        message = aio_pika.Message(body, message_id=key, headers={"flowx-tenant": tenant})
-        await exchange.publish(message, routing_key="shop.ing.order", mandatory=True)
-
-
-@pytest.fixture
-async def partitioned() -> AsyncIterator[Partitioned]:
-    connection = await aio_pika.connect(RABBITMQ_URL)
-    probe = await connection.channel()
-    name = f"flowx_t_part_{uuid.uuid4().hex[:10]}"
-    try:
-        await probe.declare_exchange(f"{name}.probe", "x-consistent-hash", auto_delete=True)
-    except exceptions.ConnectionCommandInvalid:
-        await connection.close()
-        pytest.skip(
-            "RabbitMQ's rabbitmq_consistent_hash_exchange plugin is not enabled and could not "
-            "be (scripts/services.sh enables it: rabbitmq-plugins enable "
-            "rabbitmq_consistent_hash_exchange)"
-        )
-    await probe.exchange_delete(f"{name}.probe")
-    made = Partitioned(await connection.channel(publisher_confirms=True), name, 4)
-    try:
-        yield made
-    finally:
-        cleanup = await connection.channel()
-        for queue in [f"{name}.p{i}" for i in range(made.n)] + [f"{name}.dead"]:
-            await cleanup.queue_delete(queue)
-        for exchange in (name, f"{name}.dead"):
-            await cleanup.exchange_delete(exchange)
-        await connection.close()
 
 
 class Ledger(IngressDispatcher):
@@ -104,13 +54,6 @@ class Ledger(IngressDispatcher):
 def batch(tag: str, per_tenant: int) -> list[tuple[str, str]]:
     """(tenant, key) pairs, the tenants interleaved: t0-0, t1-0, ..., t0-1, t1-1, ..."""
     return [(t, f"{t}.{tag}-{i:02d}") for i in range(per_tenant) for t in TENANTS]
-
-
-def per_tenant(keys: list[str]) -> dict[str, list[str]]:
-    found: dict[str, list[str]] = {}
-    for key in keys:
-        found.setdefault(key.split(".")[0], []).append(key)
-    return found
 
 
 async def test_two_workers_share_the_partitions_and_each_tenant_keeps_its_order(

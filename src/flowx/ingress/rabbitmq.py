@@ -119,6 +119,7 @@ class RabbitMQIngress:
         self._idle = asyncio.Event()
         self._idle.set()
         self._active = 0
+        self._admitted = 0  # messages past _free_slot, not yet handled
         self._failures = 0
         self._connecting: asyncio.Task[None] | None = None
 
@@ -285,6 +286,12 @@ class RabbitMQIngress:
         if not await self._free_slot(dispatcher):
             await message.nack(requeue=True)  # stopping: another worker takes it
             return
+        try:
+            await self._admitted_take(dispatcher, message)
+        finally:
+            self._admitted -= 1
+
+    async def _admitted_take(self, dispatcher: IngressDispatcher, message: Any) -> None:
         delivery = Delivery(
             body=message.body,
             message_id=message.message_id,
@@ -304,13 +311,20 @@ class RabbitMQIngress:
         await message.ack()
 
     async def _free_slot(self, dispatcher: IngressDispatcher) -> bool:
-        """Wait until the host can run one more instance (this message's); False if stopping."""
-        while dispatcher.free_slots() - (self._active - 1) <= 0:
+        """Wait until the host can run one more instance (this message's), then count it
+        admitted (the caller uncounts it once handled); False if stopping. Only the admitted
+        messages count against the free slots, not the ones waiting here: a worker may hold
+        more messages than slots (one per partition), and waiting ones counted would wait on
+        each other for ever."""
+        while dispatcher.free_slots() - self._admitted <= 0:
             if self._stopping.is_set():
                 return False
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), _SLOT_POLL)
-        return not self._stopping.is_set()
+        if self._stopping.is_set():
+            return False
+        self._admitted += 1
+        return True
 
     async def _later(self, message: Any, why: str) -> None:
         """Requeue ``message`` after a backoff that grows while failures go on (never at once:
