@@ -19,8 +19,8 @@ from tests.ingress.test_worker_processes import ROOT, stop
 from tests.postgres_support import PG_DSN
 from tests.support.polling import until, until_sync
 
-TENANTS = [f"tenant-{k}" for k in range(8)]
-PER_TENANT = 6
+TENANTS = [f"tenant-{k}" for k in range(16)]
+PER_TENANT = 3
 
 
 def _worker(db: str, url: str, where: Path, name: str) -> subprocess.Popen[bytes]:

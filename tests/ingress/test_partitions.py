@@ -22,7 +22,7 @@ from tests.ingress.flows import FLOWS
 from tests.ingress.rabbit import Partitioned, per_tenant
 from tests.support.polling import until
 
-TENANTS = [f"tenant-{k}" for k in range(12)]
+TENANTS = [f"tenant-{k}" for k in range(16)]
 
 
 class Ledger(IngressDispatcher):
@@ -77,7 +77,7 @@ async def test_two_workers_share_the_partitions_and_each_tenant_keeps_its_order(
 
         await until(shared, within=20, what="the two workers hold two partitions each")
         # The first batch queues up behind the messages in hand (the gate is shut), then flows.
-        first = batch("a", 6)
+        first = batch("a", 4)
         gate.clear()
         for tenant, key in first:
             await partitioned.publish(tenant, key)
@@ -86,7 +86,7 @@ async def test_two_workers_share_the_partitions_and_each_tenant_keeps_its_order(
         assert {w for w, _ in ledger} == {"a", "b"}, "both workers took some messages"
         # The second batch: worker a stops with messages in hand and a backlog queued; b takes
         # a's partitions over where a stopped.
-        second = batch("b", 6)
+        second = batch("b", 4)
         gate.clear()
         for tenant, key in second[: len(second) // 2]:
             await partitioned.publish(tenant, key)

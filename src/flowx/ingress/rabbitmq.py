@@ -77,6 +77,8 @@ DEFAULT_PREFETCH: Final = 64
 TENANT_HEADER: Final = "flowx-tenant"
 #: The most partitions one URL may ask for: each is a queue and a consumer on every worker.
 MOST_PARTITIONS: Final = 256
+#: Each partition's weight in the consistent-hash exchange: its points on the hash ring.
+RING_POINTS: Final = 100
 #: Backoff before a message our side could not take is requeued: first, and most.
 BACKOFF_FIRST: Final = 0.5
 BACKOFF_MOST: Final = 30.0
@@ -442,8 +444,10 @@ PLUGIN_HINT: Final = (
 
 async def bind_partitions(channel: Any, exchange_name: str, queues: list[Any]) -> None:
     """The consistent-hash exchange ``exchange_name`` hashing on ``flowx-tenant``, each
-    partition bound with the same weight ("1"): a tenant's messages all land in one partition,
-    in publish order, and the tenants spread evenly over the partitions."""
+    partition bound with the same weight: a tenant's messages all land in one partition, in
+    publish order. The weight is a partition's number of points on the hash ring; the points
+    are placed at random, so one point each would split the tenants very unevenly, and
+    ``RING_POINTS`` each spreads them close to evenly."""
     exchange = await channel.declare_exchange(
         exchange_name,
         "x-consistent-hash",
@@ -451,7 +455,7 @@ async def bind_partitions(channel: Any, exchange_name: str, queues: list[Any]) -
         arguments={"hash-header": TENANT_HEADER},
     )
     for queue in queues:
-        await queue.bind(exchange, "1")
+        await queue.bind(exchange, str(RING_POINTS))
 
 
 def _partitions(params: Mapping[str, str], shown: str) -> int:
