@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import random
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -19,7 +20,8 @@ from flowx.ingress.rabbitmq import RabbitMQIngress
 from flowx.stores.protocols import InstanceQuery
 from flowx.urls import BadURL
 from tests.ingress.flows import FLOWS
-from tests.ingress.rabbit import Partitioned, per_tenant
+from tests.ingress.rabbit import RABBITMQ_URL, Partitioned, per_tenant
+from tests.support.fault_proxy import FaultProxy
 from tests.support.polling import until
 
 TENANTS = [f"tenant-{k}" for k in range(16)]
@@ -109,6 +111,36 @@ async def test_two_workers_share_the_partitions_and_each_tenant_keeps_its_order(
     assert len(records) == total
     by_time = sorted(records, key=lambda r: r.created_at)
     assert per_tenant([r.idempotency_key or "" for r in by_time]) == published
+
+
+async def test_after_the_broker_connection_is_cut_the_worker_claims_its_partitions_again(
+    partitioned: Partitioned, host_factory: Any
+) -> None:
+    """A broker restart (every connection reset, new ones refused, then let through): the
+    claims are gone with the connection, and the worker connects and claims them again."""
+    target = urlsplit(RABBITMQ_URL)
+    async with FaultProxy(target.hostname or "127.0.0.1", target.port or 5672) as proxy:
+        via = f"amqp://guest:guest@127.0.0.1:{proxy.port}{target.path or '/'}"
+        url = f"{via}?queue={partitioned.name}&partitions={partitioned.n}&reconnect_interval=0.2"
+        ledger: list[tuple[str, str]] = []
+        gate = asyncio.Event()
+        gate.set()
+        worker = RabbitMQIngress(url)
+        await worker.start(Ledger(await host_factory(*FLOWS), "a", ledger, gate))
+        claims = worker._claims
+        assert claims is not None and len(claims.held) == partitioned.n
+        try:
+            await proxy.refuse()
+            await until(lambda: not claims.held, within=20, what="the claims go with the link")
+            during = batch("during", 1)
+            for tenant, key in during:
+                await partitioned.publish(tenant, key)
+            await proxy.forward()
+            await until(lambda: len(claims.held) == partitioned.n, within=20, what="claimed again")
+            await until(lambda: len(ledger) == len(during), within=20, what="all started")
+        finally:
+            await worker.stop(timeout=10)
+    assert sorted(key for _, key in ledger) == sorted(key for _, key in during)
 
 
 @pytest.mark.parametrize(

@@ -23,6 +23,10 @@ partitions instead:
   starts exactly where this one stopped. A worker that dies (SIGKILL) loses its connection:
   RabbitMQ requeues its unacked message at the head, and another worker claims the partition
   within ``BALANCE_EVERY``; the idempotency key makes a redelivered start return its instance.
+* **A connection of its own**, not aio-pika's robust one: a robust connection would restore
+  the exclusive consumers by itself after a reconnect, and one another worker claimed
+  meanwhile would be refused over and over. When this connection is lost, the broker has
+  already requeued what it held; the next balance connects again and claims afresh.
 """
 
 from __future__ import annotations
@@ -60,9 +64,17 @@ class PartitionClaims:
     docstring); each claimed message goes to ``on_message``."""
 
     def __init__(
-        self, connection: Any, queues: list[str], members: str, on_message: OnMessage, name: str
+        self,
+        url: str,
+        timeout: float,
+        queues: list[str],
+        members: str,
+        on_message: OnMessage,
+        name: str,
     ) -> None:
-        self._connection = connection
+        self._url = url
+        self._timeout = timeout
+        self._connection: Any = None
         self._queues = queues
         self._members = members
         self._on_message = on_message
@@ -79,11 +91,23 @@ class PartitionClaims:
 
     async def start(self) -> None:
         """Join (consume the presence queue), take a first share, then keep balancing."""
+        self._stopping.clear()
+        await self.balance()
+        self._loop = asyncio.create_task(self._keep_balancing())
+
+    async def _join(self) -> None:
+        """Connect (again) and consume the presence queue: this worker counts from now."""
+        import aio_pika
+
+        self._held.clear()  # what a lost connection held, the broker has requeued
+        if self._connection is not None:  # lost, or half set up by a join that failed
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._connection.close(), self._timeout)
+            self._connection = None
+        self._connection = await aio_pika.connect(self._url, timeout=self._timeout)
         self._control = await self._connection.channel()
         members = await self._control.declare_queue(self._members, auto_delete=True)
         await members.consume(_ignore)
-        await self.balance()
-        self._loop = asyncio.create_task(self._keep_balancing())
 
     async def stop(self, timeout: float) -> None:
         """Release every partition (each after its message in hand, within ``timeout``)."""
@@ -93,9 +117,10 @@ class PartitionClaims:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._loop
         await asyncio.gather(*(self._release(q, timeout) for q in list(self._held)))
-        if self._control is not None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
             with contextlib.suppress(Exception):
-                await self._control.close()
+                await asyncio.wait_for(connection.close(), self._timeout)
 
     async def _keep_balancing(self) -> None:
         while not self._stopping.is_set():
@@ -105,11 +130,18 @@ class PartitionClaims:
                 return
             try:
                 await self.balance()
-            except Exception as exc:  # a lost connection: aio-pika reconnects, we look again
-                log.info("%s: partition balance deferred: %r", self._name, exc)
+            except Exception as exc:  # the link is lost (or broken): start afresh next time
+                log.warning("%s: partitions not balanced now: %r", self._name, exc)
+                self._held.clear()  # the broker requeues what a lost connection held
+                connection, self._connection = self._connection, None
+                if connection is not None:
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(connection.close(), self._timeout)
 
     async def balance(self) -> None:
         """Release down to, or claim up to, this worker's share of the partitions."""
+        if self._connection is None or self._connection.is_closed:
+            await self._join()
         channel = await self._control.get_underlay_channel()
         declared = await channel.queue_declare(self._members, passive=True)
         workers = max(1, int(declared.consumer_count or 0))

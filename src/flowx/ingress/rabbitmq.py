@@ -210,7 +210,12 @@ class RabbitMQIngress:
             if self.partitions:
                 await bind_partitions(consuming, self.queue, queues)
                 claims = PartitionClaims(
-                    connection, self.queues, f"{self.queue}.workers", self._on_message, self.name
+                    self._url,
+                    self._timeout,
+                    self.queues,
+                    f"{self.queue}.workers",
+                    self._on_message,
+                    self.name,
                 )
                 await claims.start()
                 self._claims = claims
