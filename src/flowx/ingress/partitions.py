@@ -60,8 +60,8 @@ class _Held:
 
 
 class PartitionClaims:
-    """The partitions (``queues``) this worker consumes over ``connection`` (see the module
-    docstring); each claimed message goes to ``on_message``."""
+    """The partitions (``queues``) this worker consumes, over a connection of its own to
+    ``url`` (see the module docstring); each claimed message goes to ``on_message``."""
 
     def __init__(
         self,
