@@ -37,6 +37,18 @@ ensure PostgreSQL 5432 pg_ctlcluster bash -c \
 ensure Redis 6379 redis-server redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" \
   --appendonly no --dir /var/lib/redis --logfile /var/log/redis/ci.log || failed=1
 ensure RabbitMQ 5672 rabbitmq-server rabbitmq-server -detached || failed=1
+# Per-tenant order over partitions (ingress ?partitions=N) uses RabbitMQ's consistent-hash
+# exchange, shipped with the broker but not enabled by default; enabling it is online.
+if check 127.0.0.1 5672 && command -v rabbitmq-plugins >/dev/null 2>&1; then
+  if rabbitmq-plugins list -e -m 2>/dev/null | grep -qx rabbitmq_consistent_hash_exchange; then
+    echo "services: RabbitMQ plugin rabbitmq_consistent_hash_exchange is enabled"
+  elif rabbitmq-plugins enable rabbitmq_consistent_hash_exchange >/dev/null 2>&1; then
+    echo "services: RabbitMQ plugin rabbitmq_consistent_hash_exchange enabled"
+  else
+    echo "services: could not enable RabbitMQ plugin rabbitmq_consistent_hash_exchange;" \
+      "the partitioned ingress tests will skip" >&2
+  fi
+fi
 ensure NATS 4222 /usr/sbin/nats-server start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server \
   -- -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log || failed=1
 

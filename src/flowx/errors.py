@@ -145,6 +145,17 @@ class InstanceNotFound(FlowXError):
         self.instance_id = instance_id
 
 
+class CorrelationNotFound(InstanceNotFound):
+    """No instance carries that correlation id (a signal by correlation, issue 18)."""
+
+    def __init__(self, correlation_id: str) -> None:
+        FlowXError.__init__(
+            self, f"no flow instance has correlation id {correlation_id!r} in this journal"
+        )
+        self.instance_id = ""
+        self.correlation_id = correlation_id
+
+
 class DeadLetterNotFound(FlowXError):
     """No dead letter has that event id (never dead-lettered, already resent, or published)."""
 
@@ -245,3 +256,18 @@ class SignalPayloadUnstorable(SerialisationError, RequestInvalid):
     """A signal whose payload (or key) the journal cannot store (R9.5); as ``InputUnstorable``."""
 
     code = "signal.payload_unstorable"
+
+
+class CorrelationAmbiguous(RequestInvalid):
+    """A signal by correlation id matched several instances that have not ended: which one is
+    meant cannot be told, so none gets it. Name the instance instead."""
+
+    code = "signal.ambiguous_correlation"
+
+    def __init__(self, correlation_id: str, live: int) -> None:
+        super().__init__(
+            f"correlation id {correlation_id!r} names {live} flow instances that have not "
+            "ended; a signal goes to one: name its instance id instead"
+        )
+        self.correlation_id = correlation_id
+        self.live = live

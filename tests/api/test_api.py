@@ -374,3 +374,26 @@ async def test_the_ui_cookie_is_http_only_strict_and_secure_over_https(
         out = await browser.post("/ui/logout", headers={"Origin": f"{scheme}://flowx.test"})
         assert out.status_code == 303 and out.headers["location"] == "/ui/login"
         assert (await browser.get("/ui/")).status_code == 303  # back to the sign-in
+
+
+async def test_a_signal_by_correlation_id_goes_to_the_one_live_instance_started_with_it(
+    api: Api,
+) -> None:
+    """Issue 18: ``POST /v1/correlations/{id}/signals`` resolves like the ingress and the CLI:
+    the one instance not ended gets it, a repeat with its key is a duplicate, an unknown id is
+    404 and several live instances 422 ``signal.ambiguous_correlation``."""
+    iid = await api.started(input={"order_id": "C1"}, correlation_id="po-1")
+    await api.suspended(iid)
+    body = {"name": "shipped", "payload": SHIPMENT, "key": "c1"}
+    sent = await api.client.post("/v1/correlations/po-1/signals", json=body)
+    assert sent.status_code == 200, sent.text
+    assert (sent.json()["instance_id"], sent.json()["status"]) == (iid, "woken")
+    again = await api.client.post("/v1/correlations/po-1/signals", json=body)
+    assert again.json()["status"] == "duplicate"
+    unknown = await api.client.post("/v1/correlations/po-none/signals", json=body)
+    assert unknown.status_code == 404 and "'po-none'" in unknown.json()["error"]["message"]
+    for order_id in ("C2", "C3"):
+        await api.suspended(await api.started(input={"order_id": order_id}, correlation_id="po-2"))
+    ambiguous = await api.client.post("/v1/correlations/po-2/signals", json=body)
+    assert ambiguous.status_code == 422, ambiguous.text
+    assert ambiguous.json()["error"]["code"] == "signal.ambiguous_correlation"

@@ -90,3 +90,29 @@ async def own_queue() -> AsyncIterator[TestQueue]:
         for exchange in (made.dead, made.exchange_name):
             await cleanup.exchange_delete(exchange)
         await connection.close()
+
+
+class Partitioned:
+    """The exchange ``name`` and its queues on the broker, deleted after the test."""
+
+    def __init__(self, channel: aio_pika.abc.AbstractChannel, name: str, n: int) -> None:
+        self.channel = channel
+        self.name = name
+        self.n = n
+
+    def url(self) -> str:
+        return f"{RABBITMQ_URL}?queue={self.name}&partitions={self.n}"
+
+    async def publish(self, tenant: str, key: str, routing_key: str = "shop.ing.order") -> None:
+        exchange = await self.channel.get_exchange(self.name, ensure=False)
+        body = json.dumps({"order_id": key}).encode()
+        message = aio_pika.Message(body, message_id=key, headers={"flowx-tenant": tenant})
+        await exchange.publish(message, routing_key=routing_key, mandatory=True)
+
+
+def per_tenant(keys: list[str]) -> dict[str, list[str]]:
+    """The keys (``<tenant>.<rest>``) grouped by tenant, each group in the order given."""
+    found: dict[str, list[str]] = {}
+    for key in keys:
+        found.setdefault(key.split(".")[0], []).append(key)
+    return found

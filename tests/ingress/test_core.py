@@ -201,7 +201,8 @@ async def test_a_poison_signal_is_dead_with_a_stable_code(dispatcher: IngressDis
         headers={"flowx-signal": "paid", "flowx-correlation": "order-7"},
     )
     verdict = await dispatcher.handle(correlated)
-    assert isinstance(verdict, Dead) and "flowx-correlation is not resolved" in verdict.reason
+    assert isinstance(verdict, Dead) and verdict.code == "ingress.unknown_instance", verdict
+    assert "correlation id 'order-7'" in verdict.reason
 
 
 async def test_a_draining_host_leaves_the_message_for_a_redelivery(

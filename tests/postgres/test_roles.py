@@ -257,8 +257,8 @@ async def test_a_migration_runs_as_the_owner_role_and_renews_the_grants(fleet: F
     the grants — one revoked here — are renewed in the same transaction."""
     s = sql.Identifier(fleet.schema)
     with psycopg.connect(PG_DSN, autocommit=True) as conn:
-        conn.execute(sql.SQL("ALTER TABLE {}.outbox_event DROP COLUMN trace_context").format(s))
-        conn.execute(sql.SQL("DELETE FROM {}.flowx_schema_migrations WHERE version = 14").format(s))
+        conn.execute(sql.SQL("DROP INDEX {}.flow_instance_correlation_idx").format(s))
+        conn.execute(sql.SQL("DELETE FROM {}.flowx_schema_migrations WHERE version = 15").format(s))
         conn.execute(
             sql.SQL("REVOKE INSERT ON {}.flow_step FROM {}").format(
                 s, sql.Identifier(f"{fleet.schema}_worker")

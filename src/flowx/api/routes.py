@@ -23,11 +23,13 @@ from flowx.api.models import NAME_PATTERN
 from flowx.durations import parse_duration
 from flowx.errors import (
     DeadLetterNotFound,
+    DurabilityNotConfigured,
     FlowFailed,
     FlowXError,
     InstanceNotFound,
     RequestInvalid,
 )
+from flowx.hosting.correlation import resolve_correlation
 from flowx.hosting.documents import (
     event_dict,
     instance_dict,
@@ -313,6 +315,31 @@ def _acts(api: APIRouter, host: FlowHost, admin: Deps, *, run_here: bool) -> Non
         if not journal_id(instance_id):
             raise InstanceNotFound(instance_id)
         # As JSON text: the host reads a str payload as JSON, and "hello" is a value here.
+        text = json.dumps(request.payload, ensure_ascii=False)
+        receipt = await host.signal(
+            instance_id, request.name, text, key=request.key, run_here=run_here
+        )
+        return receipt_dict(receipt)
+
+    @api.post(
+        "/correlations/{correlation_id}/signals",
+        dependencies=admin,
+        response_model=models.Receipt,
+        tags=["instances"],
+    )
+    async def signal_by_correlation(
+        correlation_id: InstanceId, request: models.SignalRequest
+    ) -> dict[str, Any]:
+        """Deliver a signal to the instance started with this correlation id (issue 18): the
+        one not ended, else the newest ended; 404 if none has it, 422
+        (``signal.ambiguous_correlation``) if several not ended do."""
+        checked_name(correlation_id, "correlation_id")
+        checked_name(request.name, "name")
+        checked_name(request.key, "key")
+        store = host.store
+        if store is None:
+            raise DurabilityNotConfigured("this node has no journal to find a correlation id in")
+        instance_id = await resolve_correlation(store.catalog, correlation_id)
         text = json.dumps(request.payload, ensure_ascii=False)
         receipt = await host.signal(
             instance_id, request.name, text, key=request.key, run_here=run_here

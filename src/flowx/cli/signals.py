@@ -22,9 +22,11 @@ from flowx.errors import (
     RequestInvalid,
     SignalPayloadInvalid,
 )
+from flowx.hosting.correlation import resolve_correlation
 from flowx.hosting.host import FlowHost
 from flowx.hosting.storable import signal_payload
 from flowx.hosting.stores import from_url
+from flowx.stores.protocols import InstanceCatalog
 from flowx.stores.records import InstanceRecord, InstanceState, SignalReceipt
 
 
@@ -42,8 +44,14 @@ async def _why_invalid(
 
 
 @click.command()
-@click.argument("instance_id")
-@click.argument("name")
+@click.argument("instance_id", metavar="[INSTANCE_ID]")
+@click.argument("name", required=False)
+@click.option(
+    "--correlation",
+    default=None,
+    metavar="ID",
+    help="Name the instance by its correlation id instead: give only NAME then.",
+)
 @click.option(
     "--payload",
     default="{}",
@@ -59,7 +67,8 @@ async def _why_invalid(
 @output_option
 def signal(
     instance_id: str,
-    name: str,
+    name: str | None,
+    correlation: str | None,
     payload: str,
     key: str | None,
     flows: tuple[str, ...],
@@ -74,25 +83,41 @@ def signal(
     is a duplicate (exit 0), even once the instance has ended. Exits 3 if there is no such
     instance, 4 if it has already ended, 2 if the flow never waits for NAME, the payload does
     not fit, or --flows does not carry the flow.
+
+    `flowx signal --correlation ID NAME` names the instance by the correlation id it was
+    started with: the one instance with it that has not ended, else the newest that has;
+    exits 3 if none has it, 2 if several that have not ended do.
     """
+    if correlation is not None:
+        if name is not None:
+            fail(RequestInvalid("with --correlation give only the signal NAME, not an instance"))
+        instance_id, name = "", instance_id
+    elif name is None:
+        fail(RequestInvalid("give INSTANCE_ID and NAME, or --correlation ID and NAME"))
     try:
         payload, value = inputs.payload_text(payload)
     except FlowXError as exc:
         fail(exc)
     plans = plans_or_fail(flows)
+    signal_name: str = name
 
     async def main() -> SignalReceipt:
+        nonlocal instance_id
         stores = from_url(db, leases=leases)
         try:
             async with command_host(stores, plans) as host:
+                if correlation is not None:
+                    instance_id = await resolve_correlation(host_catalog(host), correlation)
                 try:
-                    return await host.signal(instance_id, name, payload, key=key, run_here=False)
+                    return await host.signal(
+                        instance_id, signal_name, payload, key=key, run_here=False
+                    )
                 except FlowNotFound as exc:
                     raise not_carried(exc, flows, plans) from exc
                 except FlowXError as exc:
                     if not isinstance(exc, SignalPayloadInvalid):
                         raise
-                    raise await _why_invalid(host, exc, instance_id, name, value) from exc
+                    raise await _why_invalid(host, exc, instance_id, signal_name, value) from exc
         finally:
             await stores.close()
 
@@ -101,6 +126,13 @@ def signal(
         emit_json(receipt)
         return
     click.echo(receipt_text(receipt))
+
+
+def host_catalog(host: FlowHost) -> InstanceCatalog:
+    """The catalog of the store ``command_host`` opened (it always has one)."""
+    store = host.store
+    assert store is not None  # nosec B101  # command_host is built on stores
+    return store.catalog
 
 
 def _deadline(text: str | None) -> timedelta | None:

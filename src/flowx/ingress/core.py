@@ -12,11 +12,16 @@ The message contract
   ``flowx-version``), or else by the routing key / subject: its longest ``.``-separated
   suffix that is a flow the node carries (``shop.place_order`` starts ``place_order``,
   ``shop.ing.order`` starts ``ing.order``), else its last segment. The body is the flow's
-  input as UTF-8 JSON.
+  input as UTF-8 JSON. A ``flowx-correlation`` header becomes the instance's correlation id,
+  which a later signal may name instead of the instance.
 * **A signal.** A message with the header ``flowx-signal: <name>`` and
-  ``flowx-instance: <instance id>``; the body is the signal's payload as UTF-8 JSON. A signal
-  by correlation id is not supported: the journal has no lookup by correlation id on its hot
-  path, so ``flowx-correlation`` alone is dead-lettered (``ingress.no_instance``).
+  ``flowx-instance: <instance id>``, or ``flowx-correlation: <correlation id>`` instead (the
+  instance header wins when both are given); the body is the signal's payload as UTF-8 JSON.
+  A correlation id is resolved by ``flowx.hosting.correlation``: the one instance with it that
+  has not ended, else the newest that has ended (so a keyed redelivery is ``duplicate``, an
+  unkeyed one ``ingress.instance_finished``); none at all is ``ingress.unknown_instance``,
+  several not ended ``ingress.ambiguous_correlation``. A signal with neither header is
+  ``ingress.no_instance``.
 * **The key.** Both carry an idempotency key: the header ``flowx-idempotency-key`` if given,
   else the broker's message id. A message with neither is dead-lettered (``ingress.no_key``):
   a start without a key would run twice on a redelivery. A signal's key makes its redelivery
@@ -29,7 +34,8 @@ Verdicts
 stable: ``ingress.too_large``, ``ingress.not_json``, ``ingress.no_key``, ``ingress.no_instance``,
 ``ingress.unknown_flow``, ``ingress.input_invalid``, ``ingress.conflict`` (the key already
 started an instance with another input), ``ingress.unknown_instance``,
-``ingress.unknown_signal``, ``ingress.payload_invalid``, ``ingress.instance_finished``.
+``ingress.unknown_signal``, ``ingress.payload_invalid``, ``ingress.instance_finished``,
+``ingress.ambiguous_correlation``.
 
 An Ephemeral flow runs to its end inside ``handle`` and keeps no key: a redelivery runs it
 again. Ingress is meant for Durable flows.
@@ -49,6 +55,7 @@ from typing import Final
 
 from flowx import metrics
 from flowx.errors import (
+    CorrelationAmbiguous,
     FlowNotFound,
     FlowXError,
     IdempotencyConflict,
@@ -58,6 +65,7 @@ from flowx.errors import (
     SignalPayloadInvalid,
     SignalUnknown,
 )
+from flowx.hosting.correlation import resolve_correlation
 from flowx.hosting.host import FlowHost
 from flowx.redaction import redact
 from flowx.stores.errors import InstanceFinished
@@ -236,7 +244,13 @@ class IngressDispatcher:
             )
         version = d.headers.get(VERSION_HEADER) or None
         try:
-            handle = await self.host.start(flow, text, version=version, idempotency_key=key)
+            handle = await self.host.start(
+                flow,
+                text,
+                version=version,
+                idempotency_key=key,
+                correlation_id=d.headers.get(CORRELATION_HEADER) or None,
+            )
         except FlowNotFound as exc:
             named = "" if FLOW_HEADER in d.headers else f"routing key {d.subject!r}: "
             return _dead("ingress.unknown_flow", named + exc.message)
@@ -263,16 +277,13 @@ class IngressDispatcher:
         return parts[-1]
 
     async def _signal(self, d: Delivery, name: str, text: str, key: str) -> Verdict:
-        instance_id = d.headers.get(INSTANCE_HEADER)
+        instance_id = d.headers.get(INSTANCE_HEADER) or await self._resolve(d)
+        if isinstance(instance_id, Dead):
+            return instance_id
         if not instance_id:
-            also = (
-                f" ({CORRELATION_HEADER} is not resolved: name the instance)"
-                if d.headers.get(CORRELATION_HEADER)
-                else ""
-            )
             return _dead(
                 "ingress.no_instance",
-                f"signal {name!r} has no {INSTANCE_HEADER} header{also}",
+                f"signal {name!r} has no {INSTANCE_HEADER} header nor {CORRELATION_HEADER}",
             )
         try:
             receipt = await self.host.signal(instance_id, name, text, key=key)
@@ -291,6 +302,24 @@ class IngressDispatcher:
         except FlowXError as exc:
             raise _retry(exc) from exc
         return Signalled(instance_id, receipt.status)
+
+    async def _resolve(self, d: Delivery) -> str | Dead | None:
+        """The instance ``d``'s ``flowx-correlation`` names (``flowx.hosting.correlation``),
+        its dead verdict, or ``None`` when it has no such header."""
+        correlation = d.headers.get(CORRELATION_HEADER)
+        if not correlation:
+            return None
+        store = self.host.store
+        if store is None:  # our configuration, not the message: never dead-lettered
+            raise IngressRetry("this host has no journal to find a correlation id in")
+        try:
+            return await resolve_correlation(store.catalog, correlation)
+        except CorrelationAmbiguous as exc:
+            return _dead("ingress.ambiguous_correlation", exc.message)
+        except InstanceNotFound as exc:
+            return _dead("ingress.unknown_instance", exc.message)
+        except FlowXError as exc:
+            raise _retry(exc) from exc
 
 
 def _retry(exc: FlowXError) -> IngressRetry:

@@ -4,8 +4,8 @@ signal (R6.1, R9.9), through ``flowx.ingress.core``.
 The URL names the queue: ``amqp://user:pass@host:5672/vhost?queue=orders`` (``amqps://`` for
 TLS). Optional parameters: ``dead=`` the dead-letter exchange and queue (``<queue>.dead`` by
 default), ``prefetch=`` the most unacknowledged messages this worker holds (64 by default,
-never above the host's ``max_concurrent_flows``), ``ordered=true`` (below). FlowX takes
-these off before aio-pika sees the URL.
+never above the host's ``max_concurrent_flows``), ``ordered=true`` and ``partitions=N``
+(below). FlowX takes these off before aio-pika sees the URL.
 
 * **Declared at start.** The queue, durable; a fanout exchange and a durable queue, both named
   ``dead``, bound together. A queue declared beforehand must be durable with no arguments
@@ -27,9 +27,21 @@ these off before aio-pika sees the URL.
   prefetch and RabbitMQ gives the rest of the queue to the other workers (competing consumers).
 * **In order.** ``ordered=true`` declares the queue with ``x-single-active-consumer`` and
   takes one message at a time (prefetch 1): of the workers on the queue one consumes, in
-  queue order, and another takes over when it goes. For order per tenant, route tenants to
-  several such queues with RabbitMQ's consistent-hash exchange (README). A queue declared
-  beforehand without that argument is refused by RabbitMQ (``ingress.refused``).
+  queue order, and another takes over when it goes. A queue declared beforehand without
+  that argument is refused by RabbitMQ (``ingress.refused``).
+* **In order per tenant, with competing workers.** ``partitions=N`` (1 to 256) declares an
+  ``x-consistent-hash`` exchange named like the queue (``orders``), hashing on the message
+  header ``flowx-tenant``, and N durable queues ``orders.p0`` .. ``orders.p<N-1>`` bound to
+  it with equal weight. Producers publish to the exchange ``orders``, the tenant in
+  ``flowx-tenant`` and the routing key naming the flow as before; a message without the
+  header hashes as if it had an empty one (one partition for all such). The workers share
+  the partitions fairly, each consumed by one worker at a time, one message at a time
+  (``flowx.ingress.partitions``: exclusive claims, a presence queue ``orders.workers``): each
+  tenant's messages are started in publish order, and when a worker goes the others take
+  its partitions over where it stopped. Needs RabbitMQ's plugin
+  ``rabbitmq_consistent_hash_exchange`` (``ingress.refused`` names the command to enable it).
+  N is fixed for a queue: another N rebinds the exchange and moves tenants between
+  partitions, so drain the queues before changing it.
 * **Reconnects.** The connection is aio-pika's robust one: after a broker restart it reconnects
   and consumes again; messages unacked on the lost connection are redelivered by RabbitMQ.
 """
@@ -51,14 +63,22 @@ from flowx.ingress.core import (
     IngressDispatcher,
     IngressRetry,
 )
+from flowx.ingress.partitions import PartitionClaims
 from flowx.redaction import guard_logs, redact
 from flowx.urls import BadURL, check_text, split, take_params
 
 log = logging.getLogger("flowx.ingress")
 
 _CODE: Final = "ingress.bad_url"
-_PARAMS: Final = frozenset({"queue", "dead", "prefetch", "ordered"})
+_PARAMS: Final = frozenset({"queue", "dead", "prefetch", "ordered", "partitions"})
 DEFAULT_PREFETCH: Final = 64
+#: The header a partitioned queue's consistent-hash exchange hashes on (one tenant, one
+#: partition); a message without it hashes as if it had one empty value.
+TENANT_HEADER: Final = "flowx-tenant"
+#: The most partitions one URL may ask for: each is a queue and a consumer on every worker.
+MOST_PARTITIONS: Final = 256
+#: Each partition's weight in the consistent-hash exchange: its points on the hash ring.
+RING_POINTS: Final = 100
 #: Backoff before a message our side could not take is requeued: first, and most.
 BACKOFF_FIRST: Final = 0.5
 BACKOFF_MOST: Final = 30.0
@@ -79,9 +99,13 @@ class RabbitMQIngress:
         self.dead = _name(params.get("dead", f"{self.queue}.dead"), "dead", shown)
         self.ordered = _flag(params.get("ordered"), "ordered", shown)
         self.prefetch = _prefetch(params.get("prefetch"), shown)
+        self.partitions = _partitions(params, shown)
+        if self.partitions:
+            self.ordered = True  # each partition is an ordered queue
         if self.ordered and params.get("prefetch", "1") != "1":
             raise BadURL(
-                f"ingress URL {shown!r}: ordered=true takes one message at a time; drop prefetch=",
+                f"ingress URL {shown!r}: ordered=true takes one message at a time (so does each "
+                "partition of partitions=); drop prefetch=",
                 url=shown,
                 code=_CODE,
             )
@@ -90,19 +114,28 @@ class RabbitMQIngress:
         self._timeout = timeout
         self._dispatcher: IngressDispatcher | None = None
         self._connection: Any = None
-        self._queue: Any = None
-        self._tag: str | None = None
+        self._consuming: list[tuple[Any, str]] = []  # (queue, consumer tag) per queue
+        self._claims: PartitionClaims | None = None
         self._dead_exchange: Any = None
         self._stopping = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
         self._active = 0
+        self._admitted = 0  # messages past _free_slot, not yet handled
         self._failures = 0
         self._connecting: asyncio.Task[None] | None = None
 
     @property
     def name(self) -> str:
         return f"rabbitmq queue {self.queue!r}"
+
+    @property
+    def queues(self) -> list[str]:
+        """The queues this worker consumes: the queue, or its partitions ``<queue>.p0`` ..
+        ``<queue>.p<N-1>`` (fed by the consistent-hash exchange named ``<queue>``)."""
+        if not self.partitions:
+            return [self.queue]
+        return [f"{self.queue}.p{i}" for i in range(self.partitions)]
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -163,13 +196,40 @@ class RabbitMQIngress:
             )
             dead_queue = await confirming.declare_queue(self.dead, durable=True)
             await dead_queue.bind(dead_exchange)
-            queue = await consuming.declare_queue(
-                self.queue,
-                durable=True,
-                arguments={"x-single-active-consumer": True} if self.ordered else None,
-            )
-            self._dead_exchange, self._queue, self._connection = dead_exchange, queue, connection
-            self._tag = await queue.consume(self._on_message)
+            # A partition is claimed by one exclusive consumer (flowx.ingress.partitions).
+            ordered = self.ordered and not self.partitions
+            queues = [
+                await consuming.declare_queue(
+                    name,
+                    durable=True,
+                    arguments={"x-single-active-consumer": True} if ordered else None,
+                )
+                for name in self.queues
+            ]
+            self._dead_exchange, self._connection = dead_exchange, connection
+            if self.partitions:
+                await bind_partitions(consuming, self.queue, queues)
+                claims = PartitionClaims(
+                    self._url,
+                    self._timeout,
+                    self.queues,
+                    f"{self.queue}.workers",
+                    self._on_message,
+                    self.name,
+                )
+                await claims.start()
+                self._claims = claims
+            else:
+                for queue in queues:
+                    self._consuming.append((queue, await queue.consume(self._on_message)))
+        except exceptions.ConnectionCommandInvalid as exc:  # e.g. the hash exchange's plugin is off
+            with contextlib.suppress(Exception):
+                await connection.close()
+            raise FlowXError(
+                f"{self.name}: RabbitMQ refused to set up the queues: {self._shown(exc)}"
+                + (PLUGIN_HINT if self.partitions else ""),
+                code="ingress.refused",
+            ) from exc
         except exceptions.ChannelClosed as exc:  # a precondition, an access refusal: no retry helps
             with contextlib.suppress(Exception):
                 await connection.close()
@@ -195,11 +255,16 @@ class RabbitMQIngress:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._connecting
             self._connecting = None
-        if self._queue is not None and self._tag is not None and not self._connection.is_closed:
-            await _quietly(self._queue.cancel(self._tag), self._timeout)
+        claims, self._claims = self._claims, None
+        if claims is not None:
+            await claims.stop(timeout)
+        consuming, self._consuming = self._consuming, []
+        for queue, tag in consuming:
+            if not self._connection.is_closed:
+                await _quietly(queue.cancel(tag), self._timeout)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._idle.wait(), timeout)
-        connection, self._connection, self._queue, self._tag = self._connection, None, None, None
+        connection, self._connection = self._connection, None
         if connection is not None and not connection.is_closed:
             await _quietly(connection.close(), self._timeout)
 
@@ -228,6 +293,12 @@ class RabbitMQIngress:
         if not await self._free_slot(dispatcher):
             await message.nack(requeue=True)  # stopping: another worker takes it
             return
+        try:
+            await self._admitted_take(dispatcher, message)
+        finally:
+            self._admitted -= 1
+
+    async def _admitted_take(self, dispatcher: IngressDispatcher, message: Any) -> None:
         delivery = Delivery(
             body=message.body,
             message_id=message.message_id,
@@ -247,13 +318,20 @@ class RabbitMQIngress:
         await message.ack()
 
     async def _free_slot(self, dispatcher: IngressDispatcher) -> bool:
-        """Wait until the host can run one more instance (this message's); False if stopping."""
-        while dispatcher.free_slots() - (self._active - 1) <= 0:
+        """Wait until the host can run one more instance (this message's), then count it
+        admitted (the caller uncounts it once handled); False if stopping. Only the admitted
+        messages count against the free slots, not the ones waiting here: a worker may hold
+        more messages than slots (one per partition), and waiting ones counted would wait on
+        each other for ever."""
+        while dispatcher.free_slots() - self._admitted <= 0:
             if self._stopping.is_set():
                 return False
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), _SLOT_POLL)
-        return not self._stopping.is_set()
+        if self._stopping.is_set():
+            return False
+        self._admitted += 1
+        return True
 
     async def _later(self, message: Any, why: str) -> None:
         """Requeue ``message`` after a backoff that grows while failures go on (never at once:
@@ -361,6 +439,51 @@ def _flag(value: str | None, param: str, shown: str) -> bool:
         url=shown,
         code=_CODE,
     )
+
+
+PLUGIN_HINT: Final = (
+    "; partitions= needs RabbitMQ's consistent-hash exchange: enable it with "
+    "`rabbitmq-plugins enable rabbitmq_consistent_hash_exchange`"
+)
+
+
+async def bind_partitions(channel: Any, exchange_name: str, queues: list[Any]) -> None:
+    """The consistent-hash exchange ``exchange_name`` hashing on ``flowx-tenant``, each
+    partition bound with the same weight: a tenant's messages all land in one partition, in
+    publish order. The weight is a partition's number of points on the hash ring; the points
+    are placed at random, so one point each would split the tenants very unevenly, and
+    ``RING_POINTS`` each spreads them close to evenly."""
+    exchange = await channel.declare_exchange(
+        exchange_name,
+        "x-consistent-hash",
+        durable=True,
+        arguments={"hash-header": TENANT_HEADER},
+    )
+    for queue in queues:
+        await queue.bind(exchange, str(RING_POINTS))
+
+
+def _partitions(params: Mapping[str, str], shown: str) -> int:
+    """``partitions=N`` (0: not partitioned), N from 1 to ``MOST_PARTITIONS``; with
+    ``ordered=false`` it is a contradiction (a partition exists to keep order)."""
+    value = params.get("partitions")
+    if value is None:
+        return 0
+    if not value.isdigit() or not 1 <= int(value) <= MOST_PARTITIONS:
+        raise BadURL(
+            f"ingress URL {shown!r}: partitions={value[:20]!r} must be a whole number from 1 to "
+            f"{MOST_PARTITIONS}",
+            url=shown,
+            code=_CODE,
+        )
+    if params.get("ordered", "true").lower() in ("0", "false", "no"):
+        raise BadURL(
+            f"ingress URL {shown!r}: partitions= keeps each tenant's messages in order; drop "
+            "ordered=false",
+            url=shown,
+            code=_CODE,
+        )
+    return int(value)
 
 
 def _prefetch(value: str | None, shown: str) -> int:

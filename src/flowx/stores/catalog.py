@@ -26,6 +26,7 @@ def matches(record: InstanceRecord, query: InstanceQuery) -> bool:
         and (query.flow_version is None or record.flow_version == query.flow_version)
         and (query.tenant_id is None or record.tenant_id == query.tenant_id)
         and (query.parent_id is None or record.parent_instance_id == query.parent_id)
+        and (query.correlation_id is None or record.correlation_id == query.correlation_id)
         and (query.since is None or record.created_at >= query.since)
         and (query.until is None or record.created_at < query.until)
         and not (query.unfinished and record.state.terminal)
@@ -46,6 +47,7 @@ def where(
         ("flow_version", "flow_version", query.flow_version),
         ("tenant_id", "tenant_id", query.tenant_id),
         ("parent_instance_id", "parent_id", query.parent_id),
+        ("correlation_id", "correlation_id", query.correlation_id),
     ):
         if value is not None:
             conditions.append(f"{column} = {mark(name)}")

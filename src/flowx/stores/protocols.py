@@ -116,6 +116,8 @@ class InstanceQuery:
     until: datetime | None = None
     #: Only instances that have not ended.
     unfinished: bool = False
+    #: Only instances started with this correlation id (not unique; flow_instance_correlation_idx).
+    correlation_id: str | None = None
 
 
 @runtime_checkable

@@ -168,6 +168,7 @@ _FILTERS: Final[LiteralString] = (
     "AND (%(flow_version)s::text IS NULL OR flow_version = %(flow_version)s) "
     "AND (%(tenant_id)s::text IS NULL OR tenant_id = %(tenant_id)s) "
     "AND (%(parent_id)s::uuid IS NULL OR parent_instance_id = %(parent_id)s::uuid) "
+    "AND (%(correlation_id)s::text IS NULL OR correlation_id = %(correlation_id)s) "
     "AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s) "
     "AND (%(until)s::timestamptz IS NULL OR created_at < %(until)s) "
     "AND (NOT %(unfinished)s OR state NOT IN " + TERMINAL_STATES_SQL + ") "
@@ -198,6 +199,7 @@ def _filter_params(query: InstanceQuery) -> dict[str, Any]:
         "flow_version": query.flow_version,
         "tenant_id": query.tenant_id,
         "parent_id": query.parent_id,
+        "correlation_id": query.correlation_id,
         "since": query.since,
         "until": query.until,
         "unfinished": query.unfinished,

@@ -66,3 +66,28 @@ class InstanceCatalogConformance:
         }
         unfinished = await catalog.list_instances(InstanceQuery(unfinished=True))
         assert ids[0] not in _ids(unfinished) and len(unfinished) == 4
+
+    async def test_the_correlation_filter_finds_every_instance_carrying_it(
+        self, stores: Any
+    ) -> None:
+        """Issue 18 (R6.1): a signal by correlation id looks its instances up through the list
+        — newest first, ended ones too, never one with another (or no) correlation id."""
+        a = await _at(stores, 1, correlation_id="corr-1")
+        b = await _at(stores, 2, correlation_id="corr-1")
+        await _at(stores, 3, correlation_id="corr-2")
+        await _at(stores, 4)
+        c = await _at(stores, 5, correlation_id="corr-1")
+        await stores.journal.commit(commit(b, token=1, now=6, state=InstanceState.COMPLETED))
+        catalog = stores.catalog
+        assert _ids(await catalog.list_instances(InstanceQuery(correlation_id="corr-1"))) == [
+            c,
+            b,
+            a,
+        ]
+        live = InstanceQuery(correlation_id="corr-1", unfinished=True)
+        assert _ids(await catalog.list_instances(live)) == [c, a]
+        assert await catalog.count_instances(live, by="state") == {"Running": 2}
+        assert _ids(
+            await catalog.list_instances(InstanceQuery(correlation_id="corr-1", limit=1))
+        ) == [c]
+        assert list(await catalog.list_instances(InstanceQuery(correlation_id="none"))) == []
