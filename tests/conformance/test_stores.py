@@ -117,6 +117,7 @@ class TestInstanceCatalog(InstanceCatalogConformance):
 
 async def test_the_sharded_variant_spreads_the_suites_ids_over_every_shard(
     spread_sharded_schema: Callable[[], ShardedStores],
+    sharded_schema: Callable[[], ShardedStores],
 ) -> None:
     """The suite's unplaced ids reach every shard (issue 18), counted on each shard's own
     database, not through the router; and a child still lives on its parent's shard and a
@@ -133,6 +134,8 @@ async def test_the_sharded_variant_spreads_the_suites_ids_over_every_shard(
             for shard in store.shards
         ]
         assert sum(per_shard) == len(ids)
+        # Only the suite's store spreads them: for real users an unplaced id is shard 0's.
+        assert {sharded_schema().shard_of(iid) for iid in ids} == {0}
         assert all(n > 0 for n in per_shard), per_shard
         listed = await store.catalog.list_instances(InstanceQuery(limit=100))
         assert sorted(r.instance_id for r in listed) == sorted(ids)
