@@ -119,3 +119,20 @@ def sharded_schema(pg_shards: list[ThrowawayPostgres]) -> Callable[[], ShardedSt
         return ShardedStores([PostgresStores(c.dsn, schema=schema) for c in pg_shards])
 
     return make
+
+
+@pytest.fixture
+def spread_sharded_schema(pg_shards: list[ThrowawayPostgres]) -> Callable[[], ShardedStores]:
+    """As ``sharded_schema``, but unplaced ids (the conformance suites mint v4 ids) are
+    spread over the three shards by a stable hash, so the suites exercise the merges across
+    shards (issue 18; ``tests/support/spread.py`` says what it keeps of production placement)."""
+    import uuid
+
+    from flowx.stores.postgres import PostgresStores
+    from tests.support.spread import SpreadShardedStores
+
+    def make() -> ShardedStores:
+        schema = f"flowx_s_{uuid.uuid4().hex[:12]}"
+        return SpreadShardedStores([PostgresStores(c.dsn, schema=schema) for c in pg_shards])
+
+    return make

@@ -23,6 +23,43 @@ def at(seconds: float) -> datetime:
     return T0 + timedelta(seconds=seconds)
 
 
+def sharded(stores: Any) -> bool:
+    """Whether ``stores`` is a journal sharded over several servers, where no order exists
+    across shards (README "Sharding the journal": each shard's ``staged_seq``, outbox claim
+    and change-feed batch is its own). A suite adapts an order it expects only for these."""
+    from flowx.stores.sharded import ShardedStores
+
+    return isinstance(stores, ShardedStores)
+
+
+def one_shard(stores: Any) -> dict[str, Any]:
+    """Instance fields that keep a test's instances on one shard of a sharded journal: one
+    tenant (README "Sharding the journal": order per partition key holds for keys within one
+    tenant). Nothing for any other store, so its test is unchanged."""
+    return {"tenant_id": "conformance-one-shard"} if sharded(stores) else {}
+
+
+def same_shard(stores: Any, *instance_ids: str) -> bool:
+    """Whether the instances share one server: always, but on a sharded journal only if
+    their ids route to one shard (an order across them exists only then)."""
+    return not sharded(stores) or len({stores.shard_of(i) for i in instance_ids}) == 1
+
+
+def each_shard_in_order(stores: Any, got: list[str], expected: list[str]) -> bool:
+    """What a sharded scan promises without an order across shards (README "Sharding the
+    journal": due timers are each shard's earliest first, interleaved): ``got`` holds, of
+    every shard, a prefix of ``expected``'s ids on that shard, in ``expected``'s order."""
+
+    def by_shard(ids: list[str]) -> dict[int, list[str]]:
+        groups: dict[int, list[str]] = {}
+        for iid in ids:
+            groups.setdefault(stores.shard_of(iid), []).append(iid)
+        return groups
+
+    wanted = by_shard(expected)
+    return all(wanted.get(s, [])[: len(ids)] == ids for s, ids in by_shard(got).items())
+
+
 def new_id() -> str:
     return str(uuid.uuid4())
 

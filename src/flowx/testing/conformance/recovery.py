@@ -10,7 +10,7 @@ import pytest
 
 from flowx.stores.protocols import QueueClaims
 from flowx.stores.records import InstanceState
-from flowx.testing.conformance._support import at, commit, instance, step
+from flowx.testing.conformance._support import at, commit, instance, one_shard, step
 
 IDLE = timedelta(seconds=30)
 
@@ -19,12 +19,13 @@ class RecoveryIndexConformance:
     """Subclass it where a ``stores`` fixture (class or module level) yields an opened,
     empty ``Stores``."""
 
-    async def _make(self, stores: Any, state: InstanceState, updated: float) -> str:
+    async def _make(self, stores: Any, state: InstanceState, updated: float, **fields: Any) -> str:
         created = await stores.journal.create(
             instance(
                 state=InstanceState.PENDING
                 if state is InstanceState.PENDING
-                else InstanceState.RUNNING
+                else InstanceState.RUNNING,
+                **fields,
             ),
             token=1,
             now=at(updated),
@@ -109,15 +110,21 @@ class RecoveryIndexConformance:
         declared: object = stores
         if not isinstance(declared, QueueClaims):
             pytest.skip("this store does not declare QueueClaims")
-        older = await self._make(stores, InstanceState.PENDING, 1)
+        # A sharded journal claims each shard's oldest, the page split over the shards
+        # (README "Sharding the journal": queued claims), so there, for "the oldest" to be
+        # one answer, these share a shard; the backlog below is spread over every shard.
+        one = one_shard(stores)
+        older = await self._make(stores, InstanceState.PENDING, 1, **one)
         await stores.journal.commit(commit(older, token=1, now=2, step=step(1)))
-        held = await self._make(stores, InstanceState.PENDING, 0)
+        held = await self._make(stores, InstanceState.PENDING, 0, **one)
         assert await stores.leases.acquire(held, owner="starter", ttl=IDLE, now=at(3)) is not None
-        await self._make(stores, InstanceState.RUNNING, 0)  # not queued
+        await self._make(stores, InstanceState.RUNNING, 0, **one)  # not queued
         other_flow = await stores.journal.create(
-            instance(flow_id="conformance.other", state=InstanceState.PENDING), token=1, now=at(0)
+            instance(flow_id="conformance.other", state=InstanceState.PENDING, **one),
+            token=1,
+            now=at(0),
         )
-        newer = await self._make(stores, InstanceState.PENDING, 5)
+        newer = await self._make(stores, InstanceState.PENDING, 5, **one)
         refs = ["conformance.flow@1.0.0"]
         first = await declared.claim_queued(owner="n1", ttl=IDLE, limit=1, flows=refs, now=at(10))
         assert [h.instance.instance_id for _, h in first] == [older]
