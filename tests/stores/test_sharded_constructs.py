@@ -9,19 +9,19 @@ placed on its parent's shard (``flowx.stores.placement.inherit``).
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import Callable
 
 import pytest
 
 import flowx
 from flowx.stores.protocols import Stores
-from flowx.testing import FakeClock
 from tests.engine.test_cancel_terminate import *  # noqa: F403
 from tests.engine.test_cancel_terminate import _reset as _reset_stops  # noqa: F401
 from tests.engine.test_sub_flows_and_forks import *  # noqa: F403
 from tests.engine.test_sub_flows_and_forks import _reset as _reset_compositions  # noqa: F401
-from tests.support.hosts import fold_settings
+
+# The engine tests' hosts, over this module's store_maker (fixtures resolve from the test).
+from tests.hosting.test_constructs_on_stores import host_factory, memory_store  # noqa: F401
 from tests.support.servers import ThrowawayPostgres
 
 
@@ -31,30 +31,3 @@ def store_maker(pg_shards: list[ThrowawayPostgres]) -> Callable[[], Stores]:
     several nodes."""
     schema = f"flowx_c_{uuid.uuid4().hex[:12]}"
     return lambda: flowx.sharded([c.dsn for c in pg_shards], schema=schema)
-
-
-@pytest.fixture
-def memory_store(store_maker: Callable[[], Stores]) -> Stores:
-    """Despite the name (the engine tests' fixture), the sharded store."""
-    return store_maker()
-
-
-@pytest.fixture
-async def host_factory(
-    clock: FakeClock, store_maker: Callable[[], Stores]
-) -> AsyncIterator[Callable[..., Any]]:
-    hosts: list[flowx.FlowHost] = []
-
-    async def make(*flows: flowx.Plan, **kw: Any) -> flowx.FlowHost:
-        kw.setdefault("store", store_maker())
-        kw.setdefault("clock", clock)
-        kw.setdefault("recovery", False)
-        kw.setdefault("timers", False)
-        host = flowx.FlowHost(flows=flows, **fold_settings(kw))
-        await host.open()
-        hosts.append(host)
-        return host
-
-    yield make
-    for host in hosts:
-        await host.drain(timeout=1)
