@@ -80,10 +80,11 @@ def span(
     and the span marked as an error; ``None`` attributes are left out.
 
     Without an SDK, a child of the current span is that span itself (the API's no-op tracer
-    returns it), so it is not made at all: a step attempt's span cost about 5 % of the
-    engine's time on the commit path (issue 14). A span with a ``parent`` or a ``root`` is
-    still made: it carries the kept trace context to what the block starts (a sub-flow child
-    keeps its parent's trace even on a node without an SDK)."""
+    returns it), so it is not made at all: in a cProfile of B7 at 64 in flight these no-op
+    spans were about 14 % of the profiled time; end to end B7 gained 1.00–1.03x (issue 14).
+    A span with a ``parent`` or a ``root`` is still made: it carries the kept trace context
+    to what the block starts (a sub-flow child keeps its parent's trace even on a node
+    without an SDK)."""
     if parent is None and not root and _inert():
         return _NOTHING
     return _span(name, attributes, parent=parent, root=root)
