@@ -95,7 +95,10 @@ async def _sql(query: str, *args: Any) -> list[tuple[Any, ...]]:
 
 
 async def _poll_gate(wave: int) -> None:
+    deadline = time.monotonic() + PATIENCE  # bounded: a test that never opens it fails the step
     while not (await _sql("SELECT open FROM gate WHERE wave = %s", wave))[0][0]:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gate {wave} was not opened within {PATIENCE:.0f} s")
         await asyncio.sleep(0.1)
 
 
