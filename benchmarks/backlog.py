@@ -2,10 +2,17 @@
 
 The flow is B7's (``benchmarks.journal_throughput``): three steps whose capability does
 nothing, so what is measured is the runtime's own cost per instance. Every mode drains
-``--instances`` instances on a fresh store (a new SQLite file, or a new PostgreSQL schema):
+``--instances`` instances on a fresh store (a new SQLite file, or a new PostgreSQL schema).
+With ``--step-ms M`` each step instead awaits M milliseconds, as a step calling another
+service does: the drain is then bound by the workers' flow slots rather than by this
+machine's CPU, which is what shows whether workers add up (with ``--slots``, each worker's flow
+slots, set so that one worker cannot take the whole backlog at once). Each run also records how
+busy the machine's CPUs were while it drained (``cpu_busy``, from ``/proc/stat``: 1.0 is every
+core busy), which says when a mode was bound by the CPU rather than by the runtime:
 
 * ``inprocess``: one ``FlowHost`` in this process starts them with ``run_here=True``, at most
-  64 in flight, and waits for each to complete. Timed from the first start to the last end.
+  64 in flight (whatever ``--slots`` says), and waits for each to complete. Timed from the
+  first start to the last end.
 * ``workers=K``: a host here that only starts (no recovery, no timers) submits them with
   ``run_here=False`` (untimed; they are left ``Pending``), then K worker processes start.
   Timed from the moment the workers are launched (``total``, start-up included) and from the
@@ -41,11 +48,31 @@ from pathlib import Path
 from typing import IO, Any
 
 import flowx
-from benchmarks.journal_throughput import Job, make_plan
+from benchmarks.journal_throughput import Job, JobState, make_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-PLAN = make_plan(3)
+#: How long each step waits (``--step-ms``); the worker processes read it from here too.
+STEP_MS_ENV = "FLOWX_BENCH_STEP_MS"
+
+
+@flowx.capability("bench.remote", version="1.0.0")
+async def remote(ctx: flowx.StepContext, job: Job) -> int:
+    """A step that waits on another service: it costs the runtime nothing while it waits."""
+    await asyncio.sleep(float(os.environ.get(STEP_MS_ENV, "0")) / 1000)
+    return job.n
+
+
+def _plan() -> flowx.Plan:
+    if float(os.environ.get(STEP_MS_ENV, "0")) <= 0:
+        return make_plan(3)
+    builder = flowx.flow("bench.remote", version="1.0.0", input=Job, state=JobState)
+    for i in range(3):
+        builder.step(remote, name=f"s{i}", into="last")
+    return builder.build()
+
+
+PLAN = _plan()
 FLOWS = [PLAN]
 IN_FLIGHT = 64
 POLL = 0.05
@@ -108,6 +135,22 @@ def _drop_schema(dsn: str, schema: str) -> None:
         conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
 
 
+def _cpu_ticks() -> tuple[int, int]:
+    """The machine's busy and total CPU ticks so far (``/proc/stat``); (0, 0) where there is
+    none. Busy is everything but idle and iowait."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0
+    total = sum(fields[:8])  # guest time is already counted in user
+    return total - fields[3] - fields[4], total
+
+
+def _busy(before: tuple[int, int], after: tuple[int, int]) -> float | None:
+    ticks = after[1] - before[1]
+    return round((after[0] - before[0]) / ticks, 3) if ticks > 0 else None
+
+
 def _lines(paths: list[Path]) -> list[list[str]]:
     return [path.read_text().splitlines() for path in paths]
 
@@ -126,10 +169,11 @@ async def _inprocess(url: str, n: int) -> dict[str, float]:
                 handle = await host.start(PLAN, Job(n=i), run_here=True)
                 await handle.result(poll=POLL)
 
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), _cpu_ticks()
         await asyncio.gather(*(one(i) for i in range(n)))
         elapsed = time.perf_counter() - started
-    return {"elapsed_s": elapsed, "flows_per_s": n / elapsed}
+        busy = _busy(cpu, _cpu_ticks())
+    return {"elapsed_s": elapsed, "flows_per_s": n / elapsed, "cpu_busy": busy}
 
 
 async def _workers(
@@ -163,6 +207,7 @@ def drain(
     meanwhile, so it polls synchronously."""
     ready_at: float | None = None
     first_at: float | None = None
+    cpu = (0, 0)
     done = 0
     try:
         while done < n:
@@ -173,13 +218,14 @@ def drain(
                 raise RuntimeError(f"{label}: {done}/{n} done after {now - launched:.0f}"
                                    f" s, exit codes {codes}, stderr tail {tail}")  # fmt: skip
             if ready_at is None and all(r.exists() for r in readies):
-                ready_at = now
+                ready_at, cpu = now, _cpu_ticks()
             done = count()
             if done and first_at is None:
                 first_at = time.perf_counter()
             if done < n:
                 time.sleep(POLL if ready_at is not None else 0.005)
         finished = time.perf_counter()
+        busy = _busy(cpu, _cpu_ticks()) if cpu != (0, 0) else None
     finally:
         for proc in procs:
             proc.terminate()
@@ -197,6 +243,7 @@ def drain(
         "startup_s": ready_at - launched,
         "idle_s": max(first_at - ready_at, 0.0),  # ready, and not one instance done
         "after_first_flows_per_s": n / max(finished - first_at, POLL),
+        "cpu_busy": busy,
         "exit_codes": codes,
         "stderr_lines": sum(len(lines) for lines in stderr),
         "stderr_tail": [line for lines in stderr for line in lines[-3:]],
@@ -210,7 +257,22 @@ async def main() -> None:
     parser.add_argument("--workers", default="1,2,4", help="worker counts, comma-separated")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--step-ms", type=float, default=0.0,
+        help="each step waits this long, as a call to another service would (default: none)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--slots", type=int, default=None,
+        help="each worker's flow slots (FLOWX_MAX_CONCURRENT_FLOWS; default: the worker's own)",
+    )  # fmt: skip
     args = parser.parse_args()
+    if args.slots is not None:  # inherited by every worker process
+        os.environ["FLOWX_MAX_CONCURRENT_FLOWS"] = str(args.slots)
+    if args.step_ms > 0:  # the worker processes inherit it, and build the same plan
+        os.environ[STEP_MS_ENV] = str(args.step_ms)
+        global PLAN, FLOWS
+        PLAN = _plan()
+        FLOWS = [PLAN]
     backend = "sqlite" if args.store is None else "postgresql"
     counts = [int(k) for k in args.workers.split(",")]
     modes = ["inprocess", *(f"workers={k}" for k in counts)]
@@ -251,26 +313,32 @@ async def main() -> None:
         },
         "instances": args.instances,
         "steps_per_instance": len(PLAN.body),
+        "step_ms": args.step_ms,
+        "worker_slots": args.slots,
         "rounds": args.rounds,
         "inprocess_in_flight": IN_FLIGHT,
         "median_flows_per_s": median,
         "ratios": ratios,
         "runs": runs,
     }
-    out = args.out or RESULTS / f"backlog-{backend}.json"
+    suffix = f"-step{args.step_ms:g}ms" if args.step_ms > 0 else ""
+    out = args.out or RESULTS / f"backlog-{backend}{suffix}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     steps = len(PLAN.body)
-    print(f"\ndraining {args.instances} instances x {steps} steps, {backend}, {args.rounds} rounds")
+    print(f"\ndraining {args.instances} instances x {steps} steps of {args.step_ms:g} ms, "
+          f"{backend}, {args.rounds} rounds")  # fmt: skip
     print(f"{'mode':<10} {'flows/s':>8}  {'per round':<16} {'start-up s':>10} {'idle s':>7} "
-          f"{'total s':>8} {'after 1st/s':>11}")  # fmt: skip
+          f"{'total s':>8} {'after 1st/s':>11} {'cpu busy':>8}")  # fmt: skip
     for mode, seen in runs.items():
         per = ", ".join(f"{x['flows_per_s']:.0f}" for x in seen)
         row = [statistics.median(x.get(c, 0.0) for x in seen) for c in ("startup_s", "idle_s")]
         total = statistics.median(x.get("total_s", x["elapsed_s"]) for x in seen)
         after = statistics.median(x.get("after_first_flows_per_s", x["flows_per_s"]) for x in seen)
+        loads = [x["cpu_busy"] for x in seen if x.get("cpu_busy") is not None]
+        busy = f"{statistics.median(loads):.0%}" if loads else "-"
         print(f"{mode:<10} {median[mode]:>8}  {per:<16} {row[0]:>10.2f} {row[1]:>7.2f} "
-              f"{total:>8.2f} {after:>11.0f}")  # fmt: skip
+              f"{total:>8.2f} {after:>11.0f} {busy:>8}")  # fmt: skip
     print(f"ratios: {ratios}  -> {out}")
 
 
