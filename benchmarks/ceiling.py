@@ -24,18 +24,29 @@ schema migrated by FlowX itself (dropped at the end):
 - ``asyncpg``: the same SQL text, its ``%(name)s`` placeholders rewritten to ``$n`` exactly as
   psycopg does (a repeated name keeps its number); asyncpg prepares and caches every statement.
   Skipped if asyncpg is not installed (a measured-only dependency: ``pip install asyncpg``);
-- ``engine``: B7 itself (``journal_throughput.run_level``), the real ``FlowHost``.
+- ``engine``: B7 itself (``journal_throughput.run_level``), the real ``FlowHost``;
+- ``engine-asyncpg``: B7 on the same ``FlowHost`` and plan, its store a ``PostgresStores``
+  whose hot-path writes go through asyncpg (``benchmarks.engine_asyncpg``): the
+  group-created starts, the group step commits and the batched lease releases, run by
+  FlowX's own ``GroupCreator``, ``GroupCommitter`` and ``ReleaseBatcher`` code (same SQL,
+  parameter builders and outcome handling) on asyncpg connections held one per batch lane.
+  Reads, opens, claims, lease acquisitions and renewals stay on psycopg. Issue 14 item 4:
+  a switch to asyncpg only on a measured ``engine-asyncpg/engine`` of 1.3x or more. Skipped
+  if asyncpg is not installed.
+
+``--loop uvloop`` runs the engine arms on uvloop (a measured-only dependency); the raw arms
+stay on asyncio.
 
 The raw arms warm up with one flow alone and then C at once (every connection's statements
-prepared); the engine arm warms up as B7 does (one flow). Each run is checked afterwards: every
+prepared); the engine arms warm up as B7 does (one flow). Each run is checked afterwards: every
 instance Completed with its step rows, every lease released.
 
     python -m benchmarks.ceiling --store postgresql://postgres@127.0.0.1:5432/test
 
 Writes ``benchmarks/results/ceiling-<steps>steps.json`` (step-commits/s = steps x flows /
 elapsed, and flows/s, per arm and C: medians over rounds; the ratios engine/psycopg,
-engine/asyncpg and asyncpg/psycopg, medians of each round's ratio) and prints a table. A
-benchmark, not a test: it asserts nothing about speed.
+engine/asyncpg, asyncpg/psycopg and engine-asyncpg/engine, medians of each round's ratio), or
+``--out``, and prints a table. A benchmark, not a test: it asserts nothing about speed.
 """
 
 from __future__ import annotations
