@@ -24,18 +24,29 @@ schema migrated by FlowX itself (dropped at the end):
 - ``asyncpg``: the same SQL text, its ``%(name)s`` placeholders rewritten to ``$n`` exactly as
   psycopg does (a repeated name keeps its number); asyncpg prepares and caches every statement.
   Skipped if asyncpg is not installed (a measured-only dependency: ``pip install asyncpg``);
-- ``engine``: B7 itself (``journal_throughput.run_level``), the real ``FlowHost``.
+- ``engine``: B7 itself (``journal_throughput.run_level``), the real ``FlowHost``;
+- ``engine-asyncpg``: B7 on the same ``FlowHost`` and plan, its store a ``PostgresStores``
+  whose hot-path writes go through asyncpg (``benchmarks.engine_asyncpg``): the
+  group-created starts, the group step commits and the batched lease releases, run by
+  FlowX's own ``GroupCreator``, ``GroupCommitter`` and ``ReleaseBatcher`` code (same SQL,
+  parameter builders and outcome handling) on asyncpg connections held one per batch lane.
+  Reads, opens, claims, lease acquisitions and renewals stay on psycopg. Issue 14 item 4:
+  a switch to asyncpg only on a measured ``engine-asyncpg/engine`` of 1.3x or more. Skipped
+  if asyncpg is not installed.
+
+``--loop uvloop`` runs the engine arms on uvloop (a measured-only dependency); the raw arms
+stay on asyncio.
 
 The raw arms warm up with one flow alone and then C at once (every connection's statements
-prepared); the engine arm warms up as B7 does (one flow). Each run is checked afterwards: every
+prepared); the engine arms warm up as B7 does (one flow). Each run is checked afterwards: every
 instance Completed with its step rows, every lease released.
 
     python -m benchmarks.ceiling --store postgresql://postgres@127.0.0.1:5432/test
 
 Writes ``benchmarks/results/ceiling-<steps>steps.json`` (step-commits/s = steps x flows /
 elapsed, and flows/s, per arm and C: medians over rounds; the ratios engine/psycopg,
-engine/asyncpg and asyncpg/psycopg, medians of each round's ratio) and prints a table. A
-benchmark, not a test: it asserts nothing about speed.
+engine/asyncpg, asyncpg/psycopg and engine-asyncpg/engine, medians of each round's ratio), or
+``--out``, and prints a table. A benchmark, not a test: it asserts nothing about speed.
 """
 
 from __future__ import annotations
@@ -67,11 +78,14 @@ from benchmarks.ceiling_arms import (
     RawFlows,
     run_flows,
 )
+from benchmarks.engine_asyncpg import AsyncpgStores, available
 from benchmarks.journal_throughput import make_plan, percentile, run_level
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_STORE = "postgresql://postgres@127.0.0.1:5432/test"
-ARMS = ("psycopg", "asyncpg", "engine")
+ARMS = ("psycopg", "asyncpg", "engine", "engine-asyncpg")
+#: The arms that run B7 through the real engine, and the store each builds from its URL.
+ENGINE_ARMS = ("engine", "engine-asyncpg")
 
 
 # --- schemas and the arms' runs ---------------------------------------------------------------
@@ -163,10 +177,19 @@ async def raw_level(
 
 
 async def engine_level(
-    url: str, schema: str, steps: int, instances: int, concurrency: int
+    arm: str, url: str, schema: str, steps: int, instances: int, concurrency: int
 ) -> dict[str, Any]:
     await migrate(url, schema)
-    result = await run_level(with_schema(url, schema), make_plan(steps), instances, concurrency)
+    if arm == "engine-asyncpg":
+        result = await run_level(
+            url,
+            make_plan(steps),
+            instances,
+            concurrency,
+            make_store=lambda _: AsyncpgStores(plain(url), schema=schema),
+        )
+    else:
+        result = await run_level(with_schema(url, schema), make_plan(steps), instances, concurrency)
     result["check"] = await check(url, schema, instances + 1, steps)
     return result
 
@@ -174,13 +197,20 @@ async def engine_level(
 def run_arm(
     arm: str, driver: Driver | None, url: str, schema: str, args: argparse.Namespace, level: int
 ) -> dict[str, Any]:
-    """One arm at one level, in an event loop of its own; an error is recorded, not raised."""
+    """One arm at one level, in an event loop of its own (uvloop's for the engine arms under
+    ``--loop uvloop``); an error is recorded, not raised."""
     try:
+        factory = None
         if driver is None:
-            coro = engine_level(url, schema, args.steps, args.instances, level)
+            coro = engine_level(arm, url, schema, args.steps, args.instances, level)
+            if args.loop == "uvloop":
+                import uvloop  # a measured-only dependency: benchmarks/event_loops.py
+
+                factory = uvloop.new_event_loop
         else:
             coro = raw_level(driver, url, schema, args.steps, args.instances, level)
-        return asyncio.run(coro)
+        with asyncio.Runner(loop_factory=factory) as runner:
+            return runner.run(coro)
     except Exception as exc:
         print(f"  {arm} at {level} failed: {type(exc).__name__}: {exc}")
         return {"concurrency": level, "error": f"{type(exc).__name__}: {exc}"}
@@ -253,6 +283,7 @@ def summarise(level: int, runs: dict[str, list[dict[str, Any]]]) -> dict[str, An
             "engine/psycopg": ratio(runs, "engine", "psycopg"),
             "engine/asyncpg": ratio(runs, "engine", "asyncpg"),
             "asyncpg/psycopg": ratio(runs, "asyncpg", "psycopg"),
+            "engine-asyncpg/engine": ratio(runs, "engine-asyncpg", "engine"),
         },
     }
 
@@ -278,14 +309,14 @@ def print_table(record: dict[str, Any]) -> None:
             ]
             print("  ".join(f"{'-' if c is None else c:>14}" for c in cells))
     print("ratios of step-commits/s (median over rounds of each round's ratio):")
-    names = ["engine/psycopg", "engine/asyncpg", "asyncpg/psycopg"]
-    print("  ".join(f"{c:>16}" for c in ["C", *names]))
+    names = ["engine/psycopg", "engine/asyncpg", "asyncpg/psycopg", "engine-asyncpg/engine"]
+    print("  ".join(f"{c:>21}" for c in ["C", *names]))
     for level in record["levels"]:
         cells = [level["concurrency"]]
         for name in names:
             r = level["ratios"][name]
             cells.append(f"{r['median']:.0%}" if r else "-")
-        print("  ".join(f"{c:>16}" for c in cells))
+        print("  ".join(f"{c:>21}" for c in cells))
     target = {3: 0.60, 10: 0.75}.get(record["steps"])
     at64 = next((lv for lv in record["levels"] if lv["concurrency"] == 64), None)
     if target and at64 and at64["ratios"]["engine/psycopg"]:
@@ -312,7 +343,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--concurrency", default="1,16,64")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--arms", default=",".join(ARMS), help="of psycopg,asyncpg,engine")
+    parser.add_argument(
+        "--arms", default=",".join(ARMS), help="of psycopg,asyncpg,engine,engine-asyncpg"
+    )
+    parser.add_argument(
+        "--loop",
+        choices=["asyncio", "uvloop"],
+        default="asyncio",
+        help="the engine arms' event loop (uvloop: measured only, `pip install uvloop`)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="JSON path (default: results/)")
     args = parser.parse_args()
     arms = [a for a in args.arms.split(",") if a]
@@ -328,6 +367,11 @@ def main() -> None:
                 drivers[arm] = Asyncpg()
             except ImportError:
                 print("asyncpg is not installed (pip install asyncpg): its arm is skipped")
+        elif arm == "engine-asyncpg":
+            if available():
+                drivers[arm] = None
+            else:
+                print("asyncpg is not installed (pip install asyncpg): engine-asyncpg is skipped")
         else:
             drivers[arm] = None
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -341,12 +385,12 @@ def main() -> None:
             order = list(drivers) if rnd % 2 == 0 else list(reversed(drivers))
             for level in levels:
                 for arm in order:
-                    schema = f"ceiling_{tag}_r{rnd}_c{level}_{arm}"
+                    schema = f"ceiling_{tag}_r{rnd}_c{level}_{arm.replace('-', '_')}"
                     schemas.append(schema)
                     result = run_arm(arm, drivers[arm], args.store, schema, args, level)
                     runs[level][arm].append(result)
                     print(
-                        f"round {rnd + 1} C={level:<3} {arm:<8} "
+                        f"round {rnd + 1} C={level:<3} {arm:<14} "
                         f"{result.get('step_commits_per_s', 'error')} step-commits/s"
                     )
     finally:
@@ -359,13 +403,17 @@ def main() -> None:
             "python": platform.python_version(),
             "cpus": os.cpu_count(),
             "psycopg": version_of("psycopg"),
-            "asyncpg": version_of("asyncpg") if "asyncpg" in drivers else None,
+            "asyncpg": version_of("asyncpg")
+            if {"asyncpg", "engine-asyncpg"} & set(drivers)
+            else None,
+            "uvloop": version_of("uvloop") if args.loop == "uvloop" else None,
             **asyncio.run(server_info(args.store)),
         },
         "instances": args.instances,
         "steps": args.steps,
         "rounds": args.rounds,
         "arms": list(drivers),
+        "engine_loop": args.loop,
         "batching": {
             "max_batch": MAX_BATCH,
             "batches_in_flight": MAX_INFLIGHT,
@@ -375,7 +423,9 @@ def main() -> None:
         "note": (
             "step_commits_per_s = steps x instances / elapsed; the raw arms run FlowX's "
             "CREATE_LEASED(_BATCH), COMMIT(_BATCH) and RELEASE_MANY, imported; engine is "
-            "journal_throughput.run_level (B7); ratios are medians of per-round ratios"
+            "journal_throughput.run_level (B7); engine-asyncpg is B7 with its starts, step "
+            "commits and lease releases sent by asyncpg (benchmarks.engine_asyncpg); ratios "
+            "are medians of per-round ratios"
         ),
         "levels": [summarise(lv, runs[lv]) for lv in levels],
     }

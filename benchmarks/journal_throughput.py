@@ -20,6 +20,7 @@ import platform
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -86,8 +87,17 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def run_level(url: str, plan: flowx.Plan, instances: int, concurrency: int) -> dict[str, Any]:
-    stores = TimedStores(flowx.from_url(url))
+async def run_level(
+    url: str,
+    plan: flowx.Plan,
+    instances: int,
+    concurrency: int,
+    *,
+    make_store: Callable[[str], Any] = flowx.from_url,
+) -> dict[str, Any]:
+    """One level of B7 on the store ``make_store`` builds from ``url`` (FlowX's own by
+    default; ``benchmarks.ceiling``'s engine-asyncpg arm gives its own)."""
+    stores = TimedStores(make_store(url))
     settings = flowx.HostSettings(max_concurrent_flows=concurrency)
     async with flowx.FlowHost(
         store=stores,
