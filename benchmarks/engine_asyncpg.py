@@ -55,7 +55,7 @@ from benchmarks.ceiling_arms import to_dollar
 from flowx.stores.postgres import PostgresStores
 from flowx.stores.postgres.commit import GroupCommitter
 from flowx.stores.postgres.database import PostgresDatabase, unavailable
-from flowx.stores.postgres.leases import RELEASE_MANY, PostgresLeaseStore
+from flowx.stores.postgres.leases import RELEASE_MANY, PostgresLeaseStore, release_params
 from flowx.stores.postgres.notify import Notifier
 from flowx.stores.postgres.store import PostgresJournal
 from flowx.stores.records import Lease
@@ -284,13 +284,9 @@ class AsyncpgLeaseStore(PostgresLeaseStore):
 
     async def _release_many(self, batch: Sequence[tuple[Lease, datetime | None]]) -> None:
         # As PostgresLeaseStore._release_many, on the lane.
-        params = {
-            "ids": [lease.instance_id for lease, _ in batch],
-            "tokens": [lease.token for lease, _ in batch],
-            "nows": [now for _, now in batch],
-        }
         async with self.release_lane.connection() as conn:
-            rows = await (await conn.execute(RELEASE_MANY, params, prepare=True)).fetchall()
+            query = await conn.execute(RELEASE_MANY, release_params(batch), prepare=True)
+            rows = await query.fetchall()
         if self._work is not None and any(row[0] for row in rows):
             self._work.mark()
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Final, LiteralString
+from typing import Any, Final, LiteralString
 
 from flowx.stores.postgres.database import DedicatedConnection, PostgresDatabase
 from flowx.stores.postgres.notify import Notifier
@@ -105,6 +105,15 @@ CURRENT_LEASE: Final[LiteralString] = (
 )
 
 
+def release_params(batch: Sequence[tuple[Lease, datetime | None]]) -> dict[str, Any]:
+    """``RELEASE_MANY``'s parameters for a batch of (lease, the clock's now or ``None``)."""
+    return {
+        "ids": [lease.instance_id for lease, _ in batch],
+        "tokens": [lease.token for lease, _ in batch],
+        "nows": [now for _, now in batch],
+    }
+
+
 class PostgresLeaseStore:
     """``LeaseStore`` on ``flow_lease``: INSERT or UPDATE, never DELETE (R3.1).
 
@@ -178,13 +187,9 @@ class PostgresLeaseStore:
         await self._releases.release(lease, now)
 
     async def _release_many(self, batch: Sequence[tuple[Lease, datetime | None]]) -> None:
-        params = {
-            "ids": [lease.instance_id for lease, _ in batch],
-            "tokens": [lease.token for lease, _ in batch],
-            "nows": [now for _, now in batch],
-        }
         async with self._renewals.connection() as conn:
-            rows = await (await conn.execute(RELEASE_MANY, params, prepare=True)).fetchall()
+            query = await conn.execute(RELEASE_MANY, release_params(batch), prepare=True)
+            rows = await query.fetchall()
         if self._work is not None and any(row[0] for row in rows):
             self._work.mark()
 
