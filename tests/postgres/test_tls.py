@@ -12,9 +12,10 @@ Asserted: a durable flow runs to completion through ``FlowHost`` and its events 
 the outbox relay, every connection FlowX held at the time (the pool, the committers, the lease
 renewer, the LISTEN wake-ups) is TLS with the client certificate's name, as the server's own
 ``pg_stat_ssl`` reports; ``flowx migrate`` and ``flowx list`` work with the same URL; a server
-certificate signed by another CA, a missing client certificate, a CA file that is not there
-and ``sslmode=disable`` are each refused at once with one ``StoreMisconfigured`` line naming
-the cause (exit code 1 from the CLI, no traceback).
+certificate signed by another CA, a missing client certificate, a CA file that is not there,
+``sslmode=disable`` and a host name the server's certificate does not carry are each refused
+at once with one ``StoreMisconfigured`` line naming the cause (exit code 1 from the CLI, no
+traceback).
 """
 
 from __future__ import annotations
@@ -174,6 +175,12 @@ REFUSALS = {
     "no TLS at all": (
         {"sslmode": "disable", "sslrootcert": "", "sslcert": "", "sslkey": ""},
         "no encryption",
+    ),
+    # The right server, reached by an address, under a name its certificate does not carry
+    # (``hostaddr`` connects, ``host`` is what verify-full checks the certificate against).
+    "the server's certificate names another host": (
+        {"host": "db.elsewhere.test", "hostaddr": "127.0.0.1"},
+        'does not match host name "db.elsewhere.test"',
     ),
 }
 
