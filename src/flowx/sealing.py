@@ -28,7 +28,7 @@ import json
 import os
 import types
 import typing
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Final, TypeVar
 
@@ -197,7 +197,7 @@ class Member:
 
 
 def _is_sensitive(annotation: Any, metadata: Iterable[Any]) -> str | None:
-    if any(isinstance(m, SensitiveMark) for m in metadata):
+    if any(isinstance(m, SensitiveMark) for m in metadata) or _marked(annotation):
         return SEAL_JSON
     for arg in _flatten(annotation):
         if arg is SecretStr:
@@ -205,6 +205,21 @@ def _is_sensitive(annotation: Any, metadata: Iterable[Any]) -> str | None:
         if arg is SecretBytes:
             return SEAL_BYTES
     return None
+
+
+def _marked(annotation: Any) -> bool:
+    """Whether ``annotation`` carries the ``Sensitive`` mark below its top level, outside any
+    model it names: ``Sensitive[str] | None``, ``list[Sensitive[str]]``,
+    ``dict[str, Sensitive[int]]``. The mark lives in the type, not in the value, so the walk
+    over a value could not find such an element again: the whole member is sealed instead,
+    which seals at least what was marked (an absent ``None`` stays ``None``)."""
+    origin = typing.get_origin(annotation)
+    if origin is Annotated:
+        base, *meta = typing.get_args(annotation)
+        return any(isinstance(m, SensitiveMark) for m in meta) or _marked(base)
+    if origin is not None and origin is not typing.Literal:
+        return any(_marked(arg) for arg in typing.get_args(annotation))
+    return False
 
 
 def _flatten(annotation: Any) -> list[Any]:
@@ -310,6 +325,19 @@ def _canonical(data: Any) -> str:
     )
 
 
+def _texts(data: Any) -> Iterator[str]:
+    """Every string in a member's JSON form (a list of sensitive strings is sealed whole):
+    each is remembered, so an error message quoting one is scrubbed."""
+    if isinstance(data, str):
+        yield data
+    elif isinstance(data, dict):
+        for item in data.values():
+            yield from _texts(item)
+    elif isinstance(data, list):
+        for item in data:
+            yield from _texts(item)
+
+
 def masked(value: Any) -> Any:
     """``value`` with every sealed envelope shown as ``**********``: what displays show."""
     if isinstance(value, dict):
@@ -333,8 +361,8 @@ def open_sealed(value: Any, active: Sealing, where: str, path: str, instance: st
                 active.remember(opened)
                 return opened
             member = json.loads(opened)
-            if isinstance(member, str):
-                active.remember(member)
+            for text in _texts(member):
+                active.remember(text)
             return member
         return {k: open_sealed(v, active, where, f"{path}.{k}", instance) for k, v in value.items()}
     if isinstance(value, list):
@@ -410,8 +438,10 @@ class Sealer:
     def member(self, m: Member, v: Any, path: str) -> dict[str, str]:
         if m.seal == SEAL_JSON:
             data = to_jsonable_python(v)
-            secret = data if isinstance(data, str) else None
-            return self.seal(_canonical(data).encode(), m.seal, path, secret)
+            if self.active is not None:  # without keys, ``seal`` refuses it below
+                for text in _texts(data):
+                    self.active.remember(text)
+            return self.seal(_canonical(data).encode(), m.seal, path, None)
         return self.plain(v, None, path)  # type: ignore[no-any-return]
 
     def seal(self, data: bytes, kind: str, path: str, secret: str | None) -> dict[str, str]:
@@ -459,7 +489,10 @@ def _nested(cls: type[BaseModel]) -> tuple[tuple[str, str], ...]:
     """The fields of ``cls`` (by name and stored key) whose declared type can hold a model
     with special members: the only ones the sealer descends into."""
     found = []
+    sealed = {m.name for m in members(cls) if m.seal}
     for name, info in cls.model_fields.items():
+        if name in sealed:  # sealed whole: nothing inside it is walked
+            continue
         if _reaches(info.annotation, lambda c: bool(members(c)), set()):
             found.append((name, info.serialization_alias or info.alias or name))
     return tuple(found)

@@ -132,6 +132,59 @@ def test_without_keys_a_sensitive_member_is_refused_never_stored_masked_or_clear
     assert unread.value.code == "keys.missing"
 
 
+class Contacts(BaseModel):
+    """The mark below a member's top level: in an optional, a list and a dict."""
+
+    primary: flowx.Sensitive[str] | None = None
+    spares: list[flowx.Sensitive[str]] = []
+    pins: dict[str, flowx.Sensitive[int]] = {}
+    absent: flowx.Sensitive[str] | None = None
+    nickname: str = ""
+
+
+def _contacts() -> Contacts:
+    return Contacts(
+        primary="ada@example.org",
+        spares=["bob@example.org", "eve@example.org"],
+        pins={"door": 4711},
+        nickname="A",
+    )
+
+
+def test_a_mark_inside_an_optional_a_list_or_a_dict_seals_the_whole_member() -> None:
+    """``Sensitive[str] | None`` and ``list[Sensitive[str]]`` were once stored in the clear:
+    the mark is in the type, and the walk over the value never met it."""
+    with codec.sealing(Sealing(_keys("k1"), "i-1")):
+        text = codec.dumps(_contacts(), root="state")
+        back = Contacts.model_validate(codec.loads(text, root="state"))
+        # every string of a member sealed whole is scrubbed from messages, not just the whole
+        assert codec.scrub("mail to eve@example.org bounced") == f"mail to {MASK} bounced"
+    for secret in ("ada@example.org", "bob@example.org", "eve@example.org", "4711"):
+        assert secret not in text
+    stored = json.loads(text)
+    assert {k for k, v in stored.items() if isinstance(v, dict) and MARK in v} == {
+        "primary",
+        "spares",
+        "pins",
+    }
+    assert stored["absent"] is None and stored["nickname"] == "A"  # nothing to seal
+    assert back == _contacts()
+    shown = {"primary": MASK, "spares": MASK, "pins": MASK, "absent": None, "nickname": "A"}
+    assert sealing.masked(codec.loads(text)) == shown
+    plain = _contacts().model_dump(mode="json")
+    redacted = {**shown, "primary": "[r]", "spares": "[r]", "pins": "[r]"}
+    assert sealing.redacted(_contacts(), plain, "[r]") == redacted
+
+
+def test_without_keys_a_mark_inside_an_optional_or_a_list_is_refused_too() -> None:
+    """As any sensitive member: never stored in the clear for want of keys."""
+    with pytest.raises(SerialisationError, match=r"state\.primary is sensitive") as refused:
+        codec.dumps(Contacts(primary="ada@example.org", spares=[], pins={}), root="state")
+    assert refused.value.code == "keys.missing"
+    with pytest.raises(SerialisationError, match=r"state\.spares is sensitive"):
+        codec.dumps(Contacts(spares=["bob@example.org"], pins={}), root="state")
+
+
 def test_displays_show_sealed_members_masked() -> None:
     with codec.sealing(Sealing(_keys("k1"), "i-1")):
         text = codec.dumps(_payment(), root="input")
