@@ -100,6 +100,7 @@ def dumps(
     code: str | None = None,
     context: str | None = None,
     at: str | None = None,
+    whole: bool = False,
 ) -> str:
     """Encode ``value`` canonically, or raise ``SerialisationError`` naming the field under
     ``root`` (``result``, ``input``, ``payload``, ``state`` ...) that cannot be stored as is
@@ -108,16 +109,17 @@ def dumps(
 
     Sensitive members (``flowx.sealing``) are sealed under the instance's keys, bound to
     ``root`` (and ``at``, a step) and their path: ``loads`` with the same ``root`` and ``at``
-    opens them."""
+    opens them. ``whole`` seals the value as one, whatever it holds: a step's result bound
+    for a sealed state field (``sealing.sealed_fields``)."""
     if context is None:
-        return _encode(value, root, at)
+        return _encode(value, root, at, whole)
     try:
-        return _encode(value, root, at)
+        return _encode(value, root, at, whole)
     except SerialisationError as exc:
         raise refused(exc, context, code or exc.code) from exc
 
 
-def _encode(value: Any, root: str, at: str | None = None) -> str:
+def _encode(value: Any, root: str, at: str | None = None, whole: bool = False) -> str:
     kind = _scan(value)
     if kind == _PLAIN:
         plain = value
@@ -136,6 +138,9 @@ def _encode(value: Any, root: str, at: str | None = None) -> str:
         if type(value) not in _sealing.PLAIN_MODELS:  # the step commit's usual case: skipped
             where = root if at is None else f"{root}:{at}"
             plain = _sealing.Sealer(_sealing.current(), where).plain(value, plain, root)
+    if whole:
+        where = root if at is None else f"{root}:{at}"
+        plain = _sealing.Sealer(_sealing.current(), where).whole(plain, root)
     try:
         text = _encoder.encode(plain)
     except (ValueError, RecursionError) as exc:  # NaN / Infinity, a cycle, too deep

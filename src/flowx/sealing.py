@@ -246,6 +246,13 @@ def members(cls: type[BaseModel]) -> tuple[Member, ...]:
     return tuple(found)
 
 
+@functools.cache
+def sealed_fields(cls: type[BaseModel]) -> frozenset[str]:
+    """The fields of ``cls`` that are sealed (by name): a value bound for one is sensitive
+    wherever else it is kept, a step's result row first of all."""
+    return frozenset(m.name for m in members(cls) if m.seal)
+
+
 def declares_sensitive(tp: Any) -> bool:
     """Whether values of type ``tp`` can hold a sensitive member at any depth."""
     return _reaches(tp, lambda cls: any(m.seal for m in members(cls)), set())
@@ -331,6 +338,8 @@ def _texts(data: Any) -> Iterator[str]:
     if isinstance(data, str):
         yield data
     elif isinstance(data, dict):
+        if MARK in data:  # sealed already: its ciphertext is no secret
+            return
         for item in data.values():
             yield from _texts(item)
     elif isinstance(data, list):
@@ -363,7 +372,8 @@ def open_sealed(value: Any, active: Sealing, where: str, path: str, instance: st
             member = json.loads(opened)
             for text in _texts(member):
                 active.remember(text)
-            return member
+            # Sealed whole, it may hold members sealed on their own (a ``SecretStr`` in it)
+            return open_sealed(member, active, where, path, instance)
         return {k: open_sealed(v, active, where, f"{path}.{k}", instance) for k, v in value.items()}
     if isinstance(value, list):
         return [
@@ -437,12 +447,18 @@ class Sealer:
 
     def member(self, m: Member, v: Any, path: str) -> dict[str, str]:
         if m.seal == SEAL_JSON:
-            data = to_jsonable_python(v)
-            if self.active is not None:  # without keys, ``seal`` refuses it below
-                for text in _texts(data):
-                    self.active.remember(text)
-            return self.seal(_canonical(data).encode(), m.seal, path, None)
+            # Its JSON form with any secret in it sealed first: pydantic's own form would
+            # hold ``"**********"`` for a ``SecretStr``, and the value would be lost.
+            return self.whole(self.plain(v, to_jsonable_python(v), path), path)
         return self.plain(v, None, path)  # type: ignore[no-any-return]
+
+    def whole(self, plain: Any, path: str) -> dict[str, str]:
+        """``plain`` (a JSON form) sealed as one value: a member marked below its top level,
+        or a step's result bound for a sealed state field (``codec.dumps(whole=True)``)."""
+        if self.active is not None:  # without keys, ``seal`` refuses it below
+            for text in _texts(plain):
+                self.active.remember(text)
+        return self.seal(_canonical(plain).encode(), SEAL_JSON, path, None)
 
     def seal(self, data: bytes, kind: str, path: str, secret: str | None) -> dict[str, str]:
         active = self.active
@@ -469,6 +485,9 @@ class _Redactor(Sealer):
         self.mark = mark
 
     def member(self, m: Member, v: Any, path: str) -> Any:
+        return self.mark
+
+    def whole(self, plain: Any, path: str) -> Any:
         return self.mark
 
     def seal(self, data: bytes, kind: str, path: str, secret: str | None) -> Any:

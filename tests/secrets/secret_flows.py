@@ -1,5 +1,6 @@
 """A payment flow that carries secrets through every path the journal has: its input, its
-state (a step's result and a signal's payload put there), an attempt's error message, and an
+state (a step's result and a signal's payload put there, and a plain result put into a field
+marked sensitive), an attempt's error message, and an
 emitted event (R9.8, R5.1)."""
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ class Otp(BaseModel):
 
 class PayState(BaseModel):
     token: SecretStr | None = None
+    #: Marked below its top level (``... | None``), and filled by a capability that returns a
+    #: plain ``str``: only this field says it is sensitive, in the state and in the step's row.
+    reference: flowx.Sensitive[str] | None = None
     otp: Otp | None = None
     receipt: str | None = None
 
@@ -56,6 +60,11 @@ async def tokenise(ctx: flowx.StepContext, p: Payment) -> SecretStr:
     return SecretStr(f"tok-{p.card.get_secret_value()}")
 
 
+@flowx.capability("pay.reference", version="1")
+async def reference(ctx: flowx.StepContext, p: Payment) -> str:
+    return f"ref-{p.card.get_secret_value()}"
+
+
 @flowx.capability("pay.charge", version="1")
 async def charge(ctx: flowx.StepContext, p: Payment) -> str:
     card = p.card.get_secret_value()
@@ -69,6 +78,7 @@ async def charge(ctx: flowx.StepContext, p: Payment) -> str:
 pay = (
     flowx.flow("pay.card", version="1", input=Payment, state=PayState)
     .step(tokenise, into="token")
+    .step(reference, into="reference")
     .await_signal("otp", Otp, into="otp", timeout="1h")
     .step(charge, into="receipt", retry=flowx.Retry(attempts=2, backoff="none"))
     .emit(

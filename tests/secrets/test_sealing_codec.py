@@ -185,6 +185,38 @@ def test_without_keys_a_mark_inside_an_optional_or_a_list_is_refused_too() -> No
         codec.dumps(Contacts(spares=["bob@example.org"], pins={}), root="state")
 
 
+class Wallet(BaseModel):
+    card: flowx.Sensitive[Card]  # sealed whole, and the card's own secret inside it
+
+
+def test_a_member_sealed_whole_keeps_the_secrets_inside_it() -> None:
+    """Pydantic's JSON form of a ``SecretStr`` is ``"**********"``: a member sealed whole is
+    sealed from FlowX's own form instead, so the card number inside it comes back."""
+    wallet = Wallet(card=Card(pan=CARD, pin=b"\x01\x02"))
+    with codec.sealing(Sealing(_keys("k1"), "i-1")):
+        text = codec.dumps(wallet, root="state")
+        back = Wallet.model_validate(codec.loads(text, root="state"))
+        result = codec.dumps(wallet.card, root="result", at="/1", whole=True)
+        card = Card.model_validate(codec.loads(result, root="result", at="/1"))
+    assert CARD not in text and CARD not in result and text.count(MARK) == 1
+    assert back.card.pan.get_secret_value() == CARD
+    assert back.card.pin is not None and back.card.pin.get_secret_value() == b"\x01\x02"
+    assert card.pan.get_secret_value() == CARD
+    assert json.loads(result)[MARK] and sealing.masked(json.loads(result)) == MASK
+
+
+def test_a_result_sealed_whole_is_refused_without_keys_and_bound_to_its_step() -> None:
+    with pytest.raises(SerialisationError, match="result is sensitive") as refused:
+        codec.dumps("DE89370400440532013000", root="result", at="/1", whole=True)
+    assert refused.value.code == "keys.missing"
+    with codec.sealing(Sealing(_keys("k1"), "i-1")):
+        text = codec.dumps("DE89370400440532013000", root="result", at="/1", whole=True)
+        assert codec.loads(text, root="result", at="/1") == "DE89370400440532013000"
+        with pytest.raises(KeysError, match="altered, or moved"):
+            codec.loads(text, root="result", at="/2")  # another step's row
+    assert "DE89" not in text
+
+
 def test_displays_show_sealed_members_masked() -> None:
     with codec.sealing(Sealing(_keys("k1"), "i-1")):
         text = codec.dumps(_payment(), root="input")

@@ -31,7 +31,7 @@ from tests.secrets.secret_flows import CANARY, FLOWS, Billing, Payment
 from tests.support.hosts import fold_settings
 
 KEYS = f"k1:{generate_key()}"
-SECRETS = (CANARY, f"tok-{CANARY}", f"otp-{CANARY}", "DE89370400440532013000")
+SECRETS = (CANARY, f"tok-{CANARY}", f"ref-{CANARY}", f"otp-{CANARY}", "DE89370400440532013000")
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -108,6 +108,7 @@ async def _pay_across_two_nodes(
         await second.start("pay.card", _payment("o-1"), idempotency_key="order-o-1")
     ).result()
     assert state.token.get_secret_value() == f"tok-{CANARY}"
+    assert state.reference == f"ref-{CANARY}"  # sealed in its row and in the state, opened
     assert state.otp.code.get_secret_value() == f"otp-{CANARY}"
     assert state.receipt == "receipt-o-1"
     return handle.instance_id, second

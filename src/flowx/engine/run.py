@@ -29,6 +29,7 @@ from flowx.engine.spec import RunSpec
 from flowx.engine.stops import StopWatch
 from flowx.errors import CapabilityNotFound, CapabilityVersionMissing, FlowXError
 from flowx.plan.model import EmitNode, Node, StepNode, SubFlowNode
+from flowx.sealing import sealed_fields
 from flowx.stores.errors import FencedOut, LeaseLost
 from flowx.stores.records import EventWrite, InstanceState, Outcome, StepRecord, StepWrite, Wake
 
@@ -251,6 +252,12 @@ class Run:
         )
 
     # -- state and history ----------------------------------------------------------------
+
+    def seals(self, into: str | None) -> bool:
+        """Whether a value bound for state field ``into`` is sealed there, and so must be
+        sealed whole in the row that journals it too (R9.8): a capability that returns a plain
+        ``str`` into a ``Sensitive[str]`` field would otherwise leave it in the clear."""
+        return into is not None and into in sealed_fields(self.plan.state_model)
 
     def applied(self, into: str | None, value: Any) -> BaseModel:
         """The state with ``value`` in field ``into`` (validated), not yet committed.

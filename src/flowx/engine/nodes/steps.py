@@ -144,7 +144,14 @@ async def _call_until_done(
             # R9.5: checked here, so an unstorable result fails this step, never the commit.
             whose = f"step {node.name!r}: the result of {cap.ref}"
             at = f"{scope}/{node.step_id}"
-            text = codec.dumps(raw, root="result", code=RESULT_UNSTORABLE, context=whose, at=at)
+            text = codec.dumps(
+                raw,
+                root="result",
+                code=RESULT_UNSTORABLE,
+                context=whose,
+                at=at,
+                whole=run.seals(node.into),
+            )
             value = codec.loads(text, root="result", at=at)
             base = run.state
             new_state = run.applied(node.into, value)  # the result must fit its field

@@ -69,7 +69,10 @@ async def _take(
         parsed = codec.validate_as(TypeAdapter(node.payload_type), arrived.payload, root="payload")
         # Sealed again as this step's result (R9.8): the inbox row is another place.
         text = codec.dumps(
-            {"seq": arrived.seq, "key": arrived.key, "payload": parsed}, root="result", at=at
+            {"seq": arrived.seq, "key": arrived.key, "payload": parsed},
+            root="result",
+            at=at,
+            whole=run.seals(node.into),
         )
         value = codec.loads(text, root="result", at=at)["payload"]
         run.applied(node.into, value)  # it must fit its state field too
