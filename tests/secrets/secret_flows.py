@@ -112,4 +112,19 @@ checkout = (
     .build()
 )
 
-FLOWS = [pay, checkout]
+
+class Approval(BaseModel):
+    note: str  # nothing sensitive in the payload's own type ...
+
+
+class ApprovalState(BaseModel):
+    approval: flowx.Sensitive[Approval] | None = None  # ... only in the field it goes into
+
+
+approve = (
+    flowx.flow("pay.approve", version="1", input=Payment, state=ApprovalState)
+    .await_signal("approve", Approval, into="approval", timeout="1h")
+    .build()
+)
+
+FLOWS = [pay, checkout, approve]

@@ -178,7 +178,7 @@ async def test_a_repeated_start_with_the_same_secret_input_is_the_same_instance(
 
 def test_a_flow_with_sensitive_members_is_refused_on_a_host_without_keys(tmp_path: Path) -> None:
     with pytest.raises(flowx.PlanError, match="FLOWX1028") as refused:
-        flowx.FlowHost(store=flowx.sqlite(tmp_path / "j.db"), flows=FLOWS)
+        flowx.FlowHost(store=flowx.sqlite(tmp_path / "j.db"), flows=[secret_flows.pay])
     assert "input (Payment)" in str(refused.value) and "signal 'otp'" in str(refused.value)
 
 
@@ -208,6 +208,23 @@ async def test_rotate_check_counts_what_each_key_seals(
     assert statuses == {"k2": ("current", 0), "k1": ("old: still needed", k1["sealed_members"])}
     code, dropped = await check(new)
     assert code == 1 and dropped["unreadable"] == ["k1"]
+
+
+async def test_a_signal_bound_for_a_sealed_field_is_sealed_in_the_inbox_and_in_its_row(
+    journal: tuple[str, Callable[[], Any], Callable[[], bytes]], hosts: Callable[..., Any]
+) -> None:
+    """The payload's type declares nothing sensitive; the state field it goes into does."""
+    _, store, dump = journal
+    host = await hosts(store())
+    handle = await host.start("pay.approve", _payment("o-9"))
+    await host.wait_idle(timeout=10)
+    note = json.dumps({"note": f"note-{CANARY}"})
+    assert (await host.signal(handle.instance_id, "approve", note)).status == "woken"
+    state = await handle.result(timeout=10)
+    assert state.approval is not None and state.approval.note == f"note-{CANARY}"
+    await host.wait_idle(timeout=5)
+    stored = dump()
+    assert f"note-{CANARY}".encode() not in stored and stored.count(MARK.encode()) >= 3
 
 
 async def test_a_sub_flow_child_gets_the_secret_and_returns_one(

@@ -13,8 +13,8 @@ from pydantic import BaseModel
 
 from flowx import codec
 from flowx.errors import InputInvalid, InputUnstorable, SerialisationError, SignalPayloadUnstorable
-from flowx.plan.model import Plan
-from flowx.sealing import MARK, Sealing
+from flowx.plan.model import AwaitSignalNode, Plan, walk
+from flowx.sealing import MARK, Sealing, sealed_fields
 from flowx.stores.records import InstanceRecord
 
 #: A start whose input (or idempotency key, correlation id, partition key) cannot be stored.
@@ -90,7 +90,17 @@ def signal_payload(plan: Plan, name: str, value: Any, *, key: str | None) -> str
     with _refused_as(SignalPayloadUnstorable):
         if key is not None:
             codec.text(key, root="key", context=whose)
-        return codec.dumps(value, root="payload", context=whose)
+        return codec.dumps(value, root="payload", context=whose, whole=_into_sealed(plan, name))
+
+
+def _into_sealed(plan: Plan, name: str) -> bool:
+    """Whether a wait for signal ``name`` puts its payload into a sealed state field: then
+    the payload is sealed whole in the inbox as well, whatever its own type declares (R9.8)."""
+    sealed = sealed_fields(plan.state_model)
+    return bool(sealed) and any(
+        isinstance(node, AwaitSignalNode) and node.signal == name and node.into in sealed
+        for node in walk(plan.body)
+    )
 
 
 def storable_id(value: object) -> bool:
