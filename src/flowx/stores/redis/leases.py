@@ -205,15 +205,18 @@ class RedisLeaseStore:
                 f"({exc.__cause__}); check ssl_ca_certs, ssl_certfile and ssl_keyfile",
                 url=redact(self._url),
             ) from exc
-        except (redis_errors.ResponseError, redis_errors.AuthenticationError) as exc:
-            # Not a fault a retry mends: a database index the server does not have, a wrong
-            # password. Said once, with the URL's secrets redacted.
-            raise BadURL(
-                f"Redis lease store {redact(self._url)!r} refused the connection: "
-                f"{redact(str(exc), secrets_of=(self._url,), limit=None)}; "
-                "fix the URL (database index, credentials)",
-                url=redact(self._url),
-            ) from exc
+        except redis_errors.ResponseError as exc:
+            raise self._refused(exc) from exc
+
+    def _refused(self, exc: redis_errors.RedisError) -> BadURL:
+        """Not a fault a retry mends: a wrong password, a database index the server does not
+        have. Said once, with the URL's secrets redacted."""
+        return BadURL(
+            f"Redis lease store {redact(self._url)!r} refused the connection: "
+            f"{redact(str(exc), secrets_of=(self._url,), limit=None)}; "
+            "fix the URL (database index, credentials)",
+            url=redact(self._url),
+        )
 
     async def close(self) -> None:
         if self._client is not None and self._owns_client:
@@ -231,6 +234,10 @@ class RedisLeaseStore:
         for attempt in range(_ATTEMPTS):
             try:
                 return await fn(*args, **kwargs)
+            except redis_errors.AuthenticationError as exc:
+                # redis-py makes a refused login a ConnectionError; no retry mends it, and a
+                # node that took it for an outage would wait for ever (``_refused``).
+                raise self._refused(exc) from exc
             except redis_errors.ResponseError as exc:
                 if isinstance(exc, redis_errors.NoPermissionError) or _SCRIPT_REFUSED in str(exc):
                     raise self._denied(exc) from exc

@@ -301,3 +301,6 @@ class SqliteDatabase:
         if conn is not None:
             await asyncio.get_running_loop().run_in_executor(self._executor, conn.close)
         self._executor.shutdown(wait=True)
+        # Open again later (a host that retries its stores at start-up, after another store
+        # they are paired with failed): a fresh executor, whose thread starts only when used.
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flowx-sqlite")
