@@ -162,6 +162,9 @@ class RedisLeaseStore:
         self._acquire: Any = None
         self._renew_many: Any = None
         self._release: Any = None
+        #: Whether the server has answered once: a login refused before that is a wrong URL
+        #: (said at once); after it, a password changed under a running node is an outage.
+        self._answered = False
 
     @property
     def _where(self) -> str:
@@ -192,6 +195,7 @@ class RedisLeaseStore:
         self._release = self._client.register_script(_RELEASE)
         try:
             await self._call(self._client.ping)
+            self._answered = True
         except LeaseUnavailable as exc:
             # TLS the URL's files cannot set up (a server certificate from another CA, a
             # file that is not there) is not an outage: no retry mends it. Over TCP, "no such
@@ -234,15 +238,15 @@ class RedisLeaseStore:
         for attempt in range(_ATTEMPTS):
             try:
                 return await fn(*args, **kwargs)
-            except redis_errors.AuthenticationError as exc:
-                # redis-py makes a refused login a ConnectionError; no retry mends it, and a
-                # node that took it for an outage would wait for ever (``_refused``).
-                raise self._refused(exc) from exc
             except redis_errors.ResponseError as exc:
                 if isinstance(exc, redis_errors.NoPermissionError) or _SCRIPT_REFUSED in str(exc):
                     raise self._denied(exc) from exc
                 raise
             except _CONNECTION_ERRORS as exc:
+                if isinstance(exc, redis_errors.AuthenticationError) and not self._answered:
+                    # redis-py makes a refused login a ConnectionError; no retry mends it,
+                    # and a node opening that took it for an outage would wait for ever.
+                    raise self._refused(exc) from exc
                 if attempt + 1 < _ATTEMPTS:
                     await asyncio.sleep(0.02 * 2**attempt)
                     continue
