@@ -100,7 +100,7 @@ def dumps(
     code: str | None = None,
     context: str | None = None,
     at: str | None = None,
-    whole: bool = False,
+    whole: bool | str = False,
 ) -> str:
     """Encode ``value`` canonically, or raise ``SerialisationError`` naming the field under
     ``root`` (``result``, ``input``, ``payload``, ``state`` ...) that cannot be stored as is
@@ -110,7 +110,8 @@ def dumps(
     Sensitive members (``flowx.sealing``) are sealed under the instance's keys, bound to
     ``root`` (and ``at``, a step) and their path: ``loads`` with the same ``root`` and ``at``
     opens them. ``whole`` seals the value as one, whatever it holds: a step's result bound
-    for a sealed state field (``sealing.sealed_fields``)."""
+    for a sealed state field (``sealing.sealed_fields``); given a key, only that member of a
+    dict is (a wait's row keeps its signal's ``seq`` readable without keys)."""
     if context is None:
         return _encode(value, root, at, whole)
     try:
@@ -119,7 +120,7 @@ def dumps(
         raise refused(exc, context, code or exc.code) from exc
 
 
-def _encode(value: Any, root: str, at: str | None = None, whole: bool = False) -> str:
+def _encode(value: Any, root: str, at: str | None = None, whole: bool | str = False) -> str:
     kind = _scan(value)
     if kind == _PLAIN:
         plain = value
@@ -139,8 +140,7 @@ def _encode(value: Any, root: str, at: str | None = None, whole: bool = False) -
             where = root if at is None else f"{root}:{at}"
             plain = _sealing.Sealer(_sealing.current(), where).plain(value, plain, root)
     if whole:
-        where = root if at is None else f"{root}:{at}"
-        plain = _sealing.Sealer(_sealing.current(), where).whole(plain, root)
+        plain = _sealed_whole(plain, root, at, whole)
     try:
         text = _encoder.encode(plain)
     except (ValueError, RecursionError) as exc:  # NaN / Infinity, a cycle, too deep
@@ -155,6 +155,25 @@ def _encode(value: Any, root: str, at: str | None = None, whole: bool = False) -
                 f"{root} holds a lone surrogate UTF-8 cannot encode", path=root
             ) from exc
     return text
+
+
+def _sealed_whole(plain: Any, root: str, at: str | None, whole: bool | str) -> Any:
+    """``plain`` sealed as one value, or (``whole`` a key) its member ``whole`` alone. A value
+    that is an envelope already (a ``SecretStr``) is left as it is: sealing it twice would cost
+    a second seal and gain nothing."""
+    sealer = _sealing.Sealer(_sealing.current(), root if at is None else f"{root}:{at}")
+    path = root
+    target = plain
+    if isinstance(whole, str):
+        if not isinstance(plain, dict) or whole not in plain:
+            return plain
+        path, target = f"{root}.{whole}", plain[whole]
+    if isinstance(target, dict) and _sealing.MARK in target:
+        return plain
+    # Only a bare string is remembered for scrubbing: every word of a whole state would mask
+    # ordinary words in the instance's error messages.
+    sealed = sealer.whole(target, path, remember=isinstance(target, str))
+    return {**plain, whole: sealed} if isinstance(whole, str) else sealed
 
 
 def loads(

@@ -452,10 +452,11 @@ class Sealer:
             return self.whole(self.plain(v, to_jsonable_python(v), path), path)
         return self.plain(v, None, path)  # type: ignore[no-any-return]
 
-    def whole(self, plain: Any, path: str) -> dict[str, str]:
+    def whole(self, plain: Any, path: str, *, remember: bool = True) -> dict[str, str]:
         """``plain`` (a JSON form) sealed as one value: a member marked below its top level,
-        or a step's result bound for a sealed state field (``codec.dumps(whole=True)``)."""
-        if self.active is not None:  # without keys, ``seal`` refuses it below
+        or a step's result bound for a sealed state field (``codec.dumps(whole=...)``).
+        ``remember``: its strings are scrubbed from the instance's error messages."""
+        if self.active is not None and remember:  # without keys, ``seal`` refuses it below
             for text in _texts(plain):
                 self.active.remember(text)
         return self.seal(_canonical(plain).encode(), SEAL_JSON, path, None)
@@ -487,7 +488,7 @@ class _Redactor(Sealer):
     def member(self, m: Member, v: Any, path: str) -> Any:
         return self.mark
 
-    def whole(self, plain: Any, path: str) -> Any:
+    def whole(self, plain: Any, path: str, *, remember: bool = True) -> Any:
         return self.mark
 
     def seal(self, data: bytes, kind: str, path: str, secret: str | None) -> Any:

@@ -127,4 +127,19 @@ approve = (
     .build()
 )
 
-FLOWS = [pay, checkout, approve]
+
+class TwiceState(BaseModel):
+    first: flowx.Sensitive[Approval] | None = None
+    second: flowx.Sensitive[Approval] | None = None
+
+
+#: Two waits on one signal name: the second must take the second signal, which a replay knows
+#: only from the first wait's row (the ``seq`` it took, kept readable there).
+approve_twice = (
+    flowx.flow("pay.approve_twice", version="1", input=Payment, state=TwiceState)
+    .await_signal("approve", Approval, into="first", timeout="1h", name="first")
+    .await_signal("approve", Approval, into="second", timeout="1h", name="second")
+    .build()
+)
+
+FLOWS = [pay, checkout, approve, approve_twice]

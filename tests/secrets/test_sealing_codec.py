@@ -214,6 +214,10 @@ def test_a_result_sealed_whole_is_refused_without_keys_and_bound_to_its_step() -
         assert codec.loads(text, root="result", at="/1") == "DE89370400440532013000"
         with pytest.raises(KeysError, match="altered, or moved"):
             codec.loads(text, root="result", at="/2")  # another step's row
+        # a secret sealed on its own already is not sealed a second time
+        once = codec.dumps(SecretStr(CARD), root="result", at="/1", whole=True)
+        assert once.count(MARK) == 1 and json.loads(once)["t"] == "s"
+        assert codec.loads(once, root="result", at="/1") == CARD
     assert "DE89" not in text
 
 

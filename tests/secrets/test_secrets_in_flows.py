@@ -227,6 +227,25 @@ async def test_a_signal_bound_for_a_sealed_field_is_sealed_in_the_inbox_and_in_i
     assert f"note-{CANARY}".encode() not in stored and stored.count(MARK.encode()) >= 3
 
 
+async def test_two_waits_on_one_signal_bound_for_sealed_fields_take_one_signal_each(
+    journal: tuple[str, Callable[[], Any], Callable[[], bytes]], hosts: Callable[..., Any]
+) -> None:
+    _, store, dump = journal
+    host = await hosts(store())
+    handle = await host.start("pay.approve_twice", _payment("o-10"))
+    for note in ("first", "second"):
+        await host.wait_idle(timeout=10)
+        payload = json.dumps({"note": f"{note}-{CANARY}"})
+        assert (await host.signal(handle.instance_id, "approve", payload)).status == "woken"
+    state = await handle.result(timeout=10)
+    assert state.first is not None and state.first.note == f"first-{CANARY}"
+    assert state.second is not None and state.second.note == f"second-{CANARY}"
+    await host.wait_idle(timeout=5)
+    stored = dump()
+    assert f"first-{CANARY}".encode() not in stored
+    assert f"second-{CANARY}".encode() not in stored
+
+
 async def test_a_sub_flow_child_gets_the_secret_and_returns_one(
     journal: tuple[str, Callable[[], Any], Callable[[], bytes]], hosts: Callable[..., Any]
 ) -> None:

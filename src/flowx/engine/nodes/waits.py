@@ -72,7 +72,9 @@ async def _take(
             {"seq": arrived.seq, "key": arrived.key, "payload": parsed},
             root="result",
             at=at,
-            whole=run.seals(node.into),
+            # The payload alone: ``seq`` stays readable without keys (a replay's history,
+            # admission and displays read it to know which signal this wait took).
+            whole="payload" if run.seals(node.into) else False,
         )
         value = codec.loads(text, root="result", at=at)["payload"]
         run.applied(node.into, value)  # it must fit its state field too
