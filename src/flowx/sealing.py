@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import binascii
 import contextvars
+import dataclasses
 import functools
 import json
 import os
@@ -34,6 +35,7 @@ from typing import Annotated, Any, Final, TypeVar
 
 from pydantic import BaseModel, SecretBytes, SecretStr
 from pydantic_core import to_jsonable_python
+from typing_extensions import is_typeddict  # the typing one misses typing_extensions.TypedDict
 
 from flowx.errors import FlowXError, SerialisationError
 
@@ -197,7 +199,7 @@ class Member:
 
 
 def _is_sensitive(annotation: Any, metadata: Iterable[Any]) -> str | None:
-    if any(isinstance(m, SensitiveMark) for m in metadata) or _marked(annotation):
+    if any(isinstance(m, SensitiveMark) for m in metadata) or _marked(annotation, set()):
         return SEAL_JSON
     for arg in _flatten(annotation):
         if arg is SecretStr:
@@ -207,19 +209,34 @@ def _is_sensitive(annotation: Any, metadata: Iterable[Any]) -> str | None:
     return None
 
 
-def _marked(annotation: Any) -> bool:
+def _marked(annotation: Any, seen: set[Any]) -> bool:
     """Whether ``annotation`` carries the ``Sensitive`` mark below its top level, outside any
     model it names: ``Sensitive[str] | None``, ``list[Sensitive[str]]``,
-    ``dict[str, Sensitive[int]]``. The mark lives in the type, not in the value, so the walk
-    over a value could not find such an element again: the whole member is sealed instead,
-    which seals at least what was marked (an absent ``None`` stays ``None``)."""
+    ``dict[str, Sensitive[int]]``, a dataclass or ``TypedDict`` with a marked field. The mark
+    lives in the type, not in the value, so the walk over a value could not find such an
+    element again: the whole member is sealed instead, which seals at least what was marked
+    (an absent ``None`` stays ``None``)."""
     origin = typing.get_origin(annotation)
     if origin is Annotated:
         base, *meta = typing.get_args(annotation)
-        return any(isinstance(m, SensitiveMark) for m in meta) or _marked(base)
+        return any(isinstance(m, SensitiveMark) for m in meta) or _marked(base, seen)
     if origin is not None and origin is not typing.Literal:
-        return any(_marked(arg) for arg in typing.get_args(annotation))
-    return False
+        return any(_marked(arg, seen) for arg in typing.get_args(annotation))
+    return any(_marked(hint, seen) for hint in _plain_fields(annotation, seen))
+
+
+def _plain_fields(tp: Any, seen: set[Any]) -> list[Any]:
+    """The field types of a dataclass or a ``TypedDict`` (pydantic validates both, and the
+    value walk does not enter them), each class once; none for anything else."""
+    if not isinstance(tp, type) or not (dataclasses.is_dataclass(tp) or is_typeddict(tp)):
+        return []
+    if tp in seen:
+        return []
+    seen.add(tp)
+    try:
+        return list(typing.get_type_hints(tp, include_extras=True).values())
+    except Exception:  # an unresolvable forward reference: pydantic has refused it already
+        return []
 
 
 def _flatten(annotation: Any) -> list[Any]:
@@ -280,7 +297,7 @@ def _reaches(tp: Any, special: Callable[[type[BaseModel]], bool], seen: set[Any]
         return special(tp) or any(
             _reaches(info.annotation, special, seen) for info in tp.model_fields.values()
         )
-    return False
+    return any(_reaches(hint, special, seen) for hint in _plain_fields(tp, set()))
 
 
 # -- the instance being sealed for: a context variable ----------------------------------

@@ -4,10 +4,12 @@ masked wherever they are only shown."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 from pydantic import BaseModel, Field, SecretBytes, SecretStr
+from typing_extensions import TypedDict
 
 import flowx
 from flowx import codec, sealing
@@ -183,6 +185,32 @@ def test_without_keys_a_mark_inside_an_optional_or_a_list_is_refused_too() -> No
     assert refused.value.code == "keys.missing"
     with pytest.raises(SerialisationError, match=r"state\.spares is sensitive"):
         codec.dumps(Contacts(spares=["bob@example.org"], pins={}), root="state")
+
+
+@dataclasses.dataclass
+class PinSlip:
+    pin: flowx.Sensitive[str]
+
+
+class PinDict(TypedDict):
+    pin: flowx.Sensitive[str]
+
+
+class Slips(BaseModel):
+    slip: PinSlip
+    entry: PinDict
+
+
+def test_a_mark_inside_a_dataclass_or_a_typeddict_seals_the_member_whole() -> None:
+    """Pydantic validates both, and the walk over a value does not enter them: the mark is
+    found in their field types, and the member is sealed whole."""
+    value = Slips(slip=PinSlip(pin="pin-7391"), entry={"pin": "pin-8642"})
+    assert sealing.declares_sensitive(Slips)  # so a host without keys refuses the flow
+    with codec.sealing(Sealing(_keys("k1"), "i-1")):
+        text = codec.dumps(value, root="state")
+        back = Slips.model_validate(codec.loads(text, root="state"))
+    assert "pin-7391" not in text and "pin-8642" not in text and text.count(MARK) == 2
+    assert back == value
 
 
 class Wallet(BaseModel):
