@@ -11,8 +11,8 @@ busy the machine's CPUs were while it drained (``cpu_busy``, from ``/proc/stat``
 core busy), which says when a mode was bound by the CPU rather than by the runtime:
 
 * ``inprocess``: one ``FlowHost`` in this process starts them with ``run_here=True``, at most
-  64 in flight (whatever ``--slots`` says), and waits for each to complete. Timed from the
-  first start to the last end.
+  64 in flight (fewer if ``--slots`` says so: its host takes the same setting), and waits
+  for each to complete. Timed from the first start to the last end.
 * ``workers=K``: a host here that only starts (no recovery, no timers) submits them with
   ``run_here=False`` (untimed; they are left ``Pending``), then K worker processes start.
   Timed from the moment the workers are launched (``total``, start-up included) and from the

@@ -218,9 +218,9 @@ class Lanes:
         conn = self._free.pop()
         try:
             if conn.raw.is_closed():
-                self._all.remove(conn)
-                conn = await self._connect()
-                self._all.append(conn)
+                fresh = await self._connect()  # a failure leaves the closed one in its place
+                self._all[self._all.index(conn)] = fresh
+                conn = fresh
             yield conn
         except (OSError, psycopg.OperationalError) as exc:
             raise unavailable(self._db.dsn, exc) from exc

@@ -227,6 +227,26 @@ async def test_a_signal_bound_for_a_sealed_field_is_sealed_in_the_inbox_and_in_i
     assert f"note-{CANARY}".encode() not in stored and stored.count(MARK.encode()) >= 3
 
 
+async def test_flowx_signal_says_what_is_wrong_with_a_payload_bound_for_a_sealed_field(
+    tmp_path: Path, hosts: Callable[..., Any]
+) -> None:
+    """The CLI checks a refused payload as the host would store it, sealed: not as a payload
+    that "has no encryption keys" on a node that has them."""
+    path = tmp_path / "j.db"
+    host = await hosts(flowx.sqlite(path))
+    handle = await host.start("pay.approve", _payment("o-11"))
+    await host.wait_idle(timeout=10)
+    args = [
+        "signal", handle.instance_id, "approve", "--payload", '{"nope": 1}',
+        "--db", f"sqlite:///{path}", "--flows", "tests.secrets.secret_flows:FLOWS",
+    ]  # fmt: skip
+    env = {"FLOWX_ENCRYPTION_KEYS": KEYS}
+    done = await asyncio.to_thread(CliRunner().invoke, cli, args, env=env)
+    assert done.exit_code == 2, done.output
+    assert "pass --payload as a JSON object of that shape" in done.output
+    assert "encryption keys" not in done.output
+
+
 async def test_two_waits_on_one_signal_bound_for_sealed_fields_take_one_signal_each(
     journal: tuple[str, Callable[[], Any], Callable[[], bytes]], hosts: Callable[..., Any]
 ) -> None:

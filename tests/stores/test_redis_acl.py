@@ -15,7 +15,7 @@ from datetime import timedelta
 import pytest
 from redis import asyncio as aioredis
 
-from flowx.stores.errors import StorePermissionDenied
+from flowx.stores.errors import LeaseUnavailable, StorePermissionDenied
 from flowx.stores.paired import with_leases
 from flowx.stores.postgres import PostgresStores
 from flowx.stores.protocols import Stores
@@ -106,3 +106,25 @@ async def test_a_key_outside_the_prefix_is_refused() -> None:
     finally:
         await store.close()
         await _admin("ACL", "DELUSER", name)
+
+
+async def test_a_password_changed_under_an_open_store_is_an_outage_not_a_wrong_url() -> None:
+    """A login refused before the server ever answered is a wrong URL, said at once (a node
+    must not wait for ever on it). Once it has answered, a refused login — the password
+    changed under a running node — is treated as the store being unavailable: the node keeps
+    running and stops writing, as for any outage, instead of failing as misconfigured."""
+    prefix = f"flowx-acl-{uuid.uuid4().hex[:12]}"
+    name, url = await _user(prefix, ACL_COMMANDS)
+    store = RedisLeaseStore(url, prefix=prefix)
+    try:
+        await store.open()
+        assert await store.current(str(uuid.uuid4())) is None  # it answers as this user
+        await _admin("ACL", "SETUSER", name, "resetpass", f">{uuid.uuid4().hex}")
+        await _admin("CLIENT", "KILL", "USER", name)  # its connections log in again
+        with pytest.raises(LeaseUnavailable, match="unavailable") as refused:
+            await store.current(str(uuid.uuid4()))
+        assert url.split(":")[2].split("@")[0] not in str(refused.value)
+    finally:
+        await store.close()
+        await _admin("ACL", "DELUSER", name)
+        await drop_redis_prefix(prefix)

@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import click
 
+from flowx import codec
 from flowx.cli import inputs
 from flowx.cli.app import db_option, flows_option, leases_option, output_option
 from flowx.cli.connect import command_host, not_carried, plans_or_fail
@@ -39,7 +40,9 @@ async def _why_invalid(
     (``SignalPayloadUnstorable`` is raised), as the host says it of a payload given as a value.
     """
     record = await host.get(instance_id)
-    signal_payload(host.plan(record.flow_id, record.flow_version), name, value, key=None)
+    plan = host.plan(record.flow_id, record.flow_version)
+    with codec.sealing(host.sealing_for(instance_id)):  # sealed as the host would seal it
+        signal_payload(plan, name, value, key=None)
     return SignalPayloadInvalid(f"{exc}; pass --payload as a JSON object of that shape")
 
 
