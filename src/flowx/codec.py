@@ -39,7 +39,7 @@ import json
 import math
 import types
 import typing
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import date, datetime, time, timedelta
 from decimal import Decimal
 from enum import Enum
@@ -138,9 +138,10 @@ def _encode(value: Any, root: str, at: str | None = None, whole: bool | str = Fa
             ) from exc
         if type(value) not in _sealing.PLAIN_MODELS:  # the step commit's usual case: skipped
             where = root if at is None else f"{root}:{at}"
-            plain = _sealing.Sealer(_sealing.current(), where).plain(value, plain, root)
+            sealer = _sealing.Sealer(_sealing.current(), where)
+            plain = _sealable(plain, root, lambda: sealer.plain(value, plain, root))
     if whole:
-        plain = _sealed_whole(plain, root, at, whole)
+        plain = _sealable(plain, root, lambda: _sealed_whole(plain, root, at, whole))
     try:
         text = _encoder.encode(plain)
     except (ValueError, RecursionError) as exc:  # NaN / Infinity, a cycle, too deep
@@ -157,21 +158,29 @@ def _encode(value: Any, root: str, at: str | None = None, whole: bool | str = Fa
     return text
 
 
+def _sealable(plain: Any, root: str, seal: Callable[[], Any]) -> Any:
+    """``seal()``, which encodes what it seals before the checks in ``_encode``: a NaN or a
+    lone surrogate there is refused as they refuse it (R9.5), not as the encoder's error."""
+    try:
+        return seal()
+    except (ValueError, UnicodeError, RecursionError) as exc:
+        _refuse_if_found(plain, root, raw=False)
+        raise SerialisationError(f"{root} cannot be stored as JSON: {exc}", path=root) from exc
+
+
 def _sealed_whole(plain: Any, root: str, at: str | None, whole: bool | str) -> Any:
     """``plain`` sealed as one value, or (``whole`` a key) its member ``whole`` alone. A value
     that is an envelope already (a ``SecretStr``) is left as it is: sealing it twice would cost
     a second seal and gain nothing."""
     sealer = _sealing.Sealer(_sealing.current(), root if at is None else f"{root}:{at}")
-    path = root
-    target = plain
+    path, target = root, plain
     if isinstance(whole, str):
         if not isinstance(plain, dict) or whole not in plain:
             return plain
         path, target = f"{root}.{whole}", plain[whole]
     if isinstance(target, dict) and _sealing.MARK in target:
         return plain
-    # Only a bare string is remembered for scrubbing: every word of a whole state would mask
-    # ordinary words in the instance's error messages.
+    # Only a bare string is remembered for scrubbing: a whole state's words would mask any.
     sealed = sealer.whole(target, path, remember=isinstance(target, str))
     return {**plain, whole: sealed} if isinstance(whole, str) else sealed
 

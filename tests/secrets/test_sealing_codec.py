@@ -286,3 +286,26 @@ def test_settings_take_the_keys_and_refuse_a_bad_one_at_start_up() -> None:
     assert settings.keyring is not None and settings.keyring.current == "new"
     with pytest.raises(flowx.SettingsError, match="not 32 bytes"):
         flowx.HostSettings.load(encryption_keys="k1:c2hvcnQ=")
+
+
+@pytest.mark.parametrize(
+    ("value", "whole", "says"),
+    [
+        (float("nan"), True, "result is nan"),
+        ("a\ud800b", True, "result holds a lone surrogate"),
+        (Contacts(primary="a\ud800b", spares=[], pins={}), False, "result.primary holds a lone"),
+    ],
+    ids=["nan sealed whole", "surrogate sealed whole", "surrogate in a member sealed whole"],
+)
+def test_what_cannot_be_stored_is_refused_by_name_even_when_sealed(
+    value: object, whole: bool, says: str
+) -> None:
+    """R9.5: sealing encodes a value before the codec's own checks would see it; what JSON or
+    UTF-8 cannot hold is still refused cleanly, naming the field, never as an encoder error."""
+    with (
+        codec.sealing(Sealing(_keys("k1"), "i-1")),
+        pytest.raises(SerialisationError, match=says) as refused,
+    ):
+        codec.dumps(value, root="result", at="/1", whole=whole, code="step.result_unstorable",
+                    context="step 'x'")  # fmt: skip
+    assert refused.value.code == "step.result_unstorable"
