@@ -15,6 +15,7 @@ its parent's run. Step attempts and compensations are children of the run
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager
 from typing import Any
@@ -32,12 +33,14 @@ try:  # optional: flowx-runtime[otel]
     #: A proxy: it picks up whatever tracer provider the application installs, even later.
     _tracer = _trace.get_tracer("flowx")
     _NO_SDK: tuple[type, ...] = (_trace.ProxyTracerProvider, _trace.NoOpTracerProvider)
+    _NO_PROVIDER: Any = _trace.NoOpTracerProvider()
 except ImportError:  # pragma: no cover - exercised only without the extra
     _trace = None
     _context = None
     _propagator = None
     _tracer = None
     _NO_SDK = ()
+    _NO_PROVIDER = None
 
 #: Set once a real provider is seen (globally, or given to ``use``): the global one cannot be
 #: unset, so from then on every span is made.
@@ -65,10 +68,30 @@ def _inert() -> bool:
     global _recording
     if _recording or _trace is None:
         return _trace is None
-    if _tracer is _DEFAULT_TRACER and isinstance(_trace.get_tracer_provider(), _NO_SDK):
+    if _tracer is _DEFAULT_TRACER and isinstance(_global_provider(), _NO_SDK):
         return True
     _recording = True
     return False
+
+
+#: Whether the environment names a provider for the API to load (read once: the API's own
+#: lookup reads ``os.environ`` on every call, and this runs for every step attempt).
+_PROVIDER_FROM_ENV = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
+
+
+def _global_provider() -> Any:
+    """``get_tracer_provider()``, without its environment lookup while nothing was set:
+    the API keeps the provider an application sets in ``_TRACER_PROVIDER`` (read defensively,
+    falling back to the public call should a release of the API not have it)."""
+    if not _PROVIDER_FROM_ENV and getattr(_trace, "_TRACER_PROVIDER", False) is None:
+        return _NO_PROVIDER
+    return _trace.get_tracer_provider()
+
+
+def quiet() -> bool:
+    """No span would be recorded here (no SDK is installed): a hot caller then skips
+    building a span's attributes at all (``span`` would return a shared no-op)."""
+    return _inert()
 
 
 def span(

@@ -12,18 +12,17 @@ from __future__ import annotations
 import random as _random
 import threading
 import uuid as _uuid
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from flowx.clock import Clock
 
 _KINDS = ("now", "uuid", "random")
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class StepAttempt:
-    """Which attempt of which step of which instance a context belongs to."""
+class StepAttempt(NamedTuple):
+    """Which attempt of which step of which instance a context belongs to (a tuple: one is
+    built for every attempt, and a frozen dataclass costs a ``__setattr__`` per field)."""
 
     instance_id: str
     flow_id: str
@@ -60,8 +59,10 @@ class StepContext:
         self.step_result = step_result
         self.compensating = compensating
         self._clock = clock
-        self._replay = {k: list((recorded or {}).get(k, ())) for k in _KINDS}
-        self._drawn: dict[str, list[Any]] = {k: [] for k in _KINDS}
+        # Built on the first draw: most attempts draw nothing, and this runs on every one.
+        self._recorded = recorded
+        self._replay: dict[str, list[Any]] | None = None
+        self._drawn: dict[str, list[Any]] = {}
         self._lock = threading.Lock()  # a plain-def capability runs on a worker thread
 
     @property
@@ -80,9 +81,12 @@ class StepContext:
 
     def _draw(self, kind: str, fresh: Any) -> Any:
         with self._lock:
+            if self._replay is None:
+                recorded = self._recorded or {}
+                self._replay = {k: list(recorded.get(k, ())) for k in _KINDS}
             queue = self._replay[kind]
             value = queue.pop(0) if queue else fresh
-            self._drawn[kind].append(value)
+            self._drawn.setdefault(kind, []).append(value)
             return value
 
     def now(self) -> datetime:
@@ -101,6 +105,8 @@ class StepContext:
 
     def drawn(self) -> dict[str, list[Any]] | None:
         """What this attempt drew, for its journal row; ``None`` if nothing."""
+        if not self._drawn:
+            return None
         with self._lock:
-            used = {k: list(v) for k, v in self._drawn.items() if v}
+            used = {k: list(self._drawn[k]) for k in _KINDS if k in self._drawn}
         return used or None

@@ -80,6 +80,10 @@ def compensation_began(rows: Sequence[StepRecord]) -> bool:
 _COMPENSATION = (Outcome.COMPENSATED, Outcome.COMPENSATION_FAILURE)
 
 
+#: What ``History.of`` gives for a key nothing is known about; never written to.
+_NOTHING_YET = Attempts()
+
+
 class History:
     """Attempts per ``(scope, step_id)``, consumed signal seqs, and the finished steps."""
 
@@ -139,8 +143,9 @@ class History:
         self.compensation_began = any(a.undoing for a in self.attempts.values())
 
     def of(self, key: tuple[str, int]) -> Attempts:
-        """What is known about ``key`` (empty if nothing is), without recording it."""
-        return self.attempts.get(key) or Attempts()
+        """What is known about ``key`` (empty if nothing is), without recording it: to read
+        only, as an unknown key gives one shared empty entry (asked twice for every step)."""
+        return self.attempts.get(key) or _NOTHING_YET
 
     def at(self, key: tuple[str, int]) -> Attempts:
         """What is known about ``key``, recorded so later commits add to the same entry."""

@@ -74,6 +74,9 @@ class Run:
         self._ports = ports
         self._walk = walk
         self.state: BaseModel = plan.state_model()
+        # The state as last committed, with its encoding: the run's result reuses it rather
+        # than encoding the same state again as the instance ends.
+        self._encoded: tuple[BaseModel, str] | None = None
         self.executed = 0
         self.replayed = 0
         self.last_wake = spec.last_wake
@@ -139,11 +142,13 @@ class Run:
             else:
                 new_state = self.applied(*apply)
             wants_bag = snapshot or (apply is not None and apply[0] is not None)
+            if wants_bag and bag is None:
+                bag = codec.dumps(new_state, root="state")
             notify = self.spec.is_child and state is not None and state.terminal
             try:
                 await self._ports.committer(
                     step=step,
-                    state_bag=(bag or codec.dumps(new_state, root="state")) if wants_bag else None,
+                    state_bag=bag if wants_bag else None,
                     events=events,
                     state=state,
                     error=codec.dumps(error) if error is not None else None,
@@ -152,6 +157,8 @@ class Run:
             except (FencedOut, LeaseLost) as exc:
                 raise Halt.abort(str(exc)) from exc
             self.state = new_state
+            if bag is not None:
+                self._encoded = (new_state, bag)
             self.commits += 1
         self.history.committed(key, step)
         if self._ports.on_step is not None:
@@ -252,6 +259,14 @@ class Run:
         )
 
     # -- state and history ----------------------------------------------------------------
+
+    def encoded_state(self) -> str:
+        """The state, encoded (``codec.dumps``): the last commit's encoding while the state is
+        still the one it committed."""
+        encoded = self._encoded
+        if encoded is not None and encoded[0] is self.state:
+            return encoded[1]
+        return codec.dumps(self.state, root="state")
 
     def seals(self, into: str | None) -> bool:
         """Whether a value bound for state field ``into`` is sealed there, and so must be

@@ -308,7 +308,7 @@ class Execution:
         run = self._run
         return RunResult(
             outcome=outcome,
-            state_bag=codec.dumps(run.state, root="state"),
+            state_bag=run.encoded_state(),
             executed=run.executed,
             replayed=run.replayed,
             **extra,

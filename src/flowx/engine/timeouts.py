@@ -25,7 +25,7 @@ from flowx.capability import Capability
 from flowx.clock import Clock
 from flowx.engine.stops import StopReached, StopWatch
 from flowx.errors import FlowXError
-from flowx.tracing import span
+from flowx.tracing import quiet, span
 
 #: The error code of an attempt that ran past its step timeout.
 STEP_TIMED_OUT = "step.timed_out"
@@ -101,11 +101,15 @@ async def invoke_bounded(
             watch.disarm(armed)
 
 
+#: Shared: a ``nullcontext`` holds no state and can be entered any number of times at once.
+_NO_SPAN: AbstractContextManager[None] = contextlib.nullcontext()
+
+
 def attempt_span(cap: Capability, ctx: Any) -> AbstractContextManager[Any]:
     """The span of one attempt, with where it ran as attributes (``flowx.tracing``); none
     for a call with no step context (a bare capability call)."""
-    if ctx is None:
-        return contextlib.nullcontext()
+    if ctx is None or quiet():
+        return _NO_SPAN
     return span(
         "flowx.compensate" if ctx.compensating else "flowx.step",
         {

@@ -34,7 +34,7 @@ import contextlib
 import contextvars
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 
 from flowx.clock import Clock
@@ -74,8 +74,7 @@ class DurableLease:
         self._keeper = keeper or LeaseKeeper(store, ttl=ttl, renew_every=renew_every, clock=clock)
         self._owns_keeper = keeper is None
         #: Monotonic send times of the journal writes under way under this lease.
-        self._writes: dict[int, float] = {}
-        self._next_write = 0
+        self._writes: dict[object, float] = {}
 
     @property
     def instance_id(self) -> str:
@@ -110,17 +109,10 @@ class DurableLease:
             raise LeaseLost(self._lease.instance_id, self._lease.token, "it was released")
         return self._lease.token
 
-    @contextlib.contextmanager
-    def writing(self) -> Iterator[None]:
-        """Mark a journal write under way: one outstanding for longer than the renewal
-        interval stops this lease's renewals (see ``stalled``)."""
-        key = self._next_write
-        self._next_write += 1
-        self._writes[key] = time.monotonic()
-        try:
-            yield
-        finally:
-            del self._writes[key]
+    def writing(self) -> _Writing:
+        """Mark a journal write under way, for the block: one outstanding for longer than the
+        renewal interval stops this lease's renewals (see ``stalled``)."""
+        return _Writing(self._writes)
 
     def stalled(self, now_monotonic: float, limit: float) -> bool:
         """A journal write has been outstanding for more than ``limit`` seconds."""
@@ -331,3 +323,19 @@ class LeaseKeeper:
             log.warning("stop requests not read this round: %s", exc)
         except Exception:  # a bug (an unreadable request): said loudly, renewals go on
             log.exception("stop requests not read this round")
+
+
+class _Writing:
+    """One journal write under way (``DurableLease.writing``): a plain class, not a
+    generator-based context manager, as it wraps every step commit."""
+
+    __slots__ = ("_writes",)
+
+    def __init__(self, writes: dict[object, float]) -> None:
+        self._writes = writes
+
+    def __enter__(self) -> None:
+        self._writes[self] = time.monotonic()
+
+    def __exit__(self, *exc: object) -> None:
+        del self._writes[self]

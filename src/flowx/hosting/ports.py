@@ -22,6 +22,7 @@ from flowx.stores.records import (
     EventWrite,
     InstanceRecord,
     InstanceState,
+    Outcome,
     SignalRecord,
     StepCommit,
     StepWrite,
@@ -59,6 +60,7 @@ class DurableCommitter:
         self._lease = lease
         self._flow_id = flow_id
         self._latency = STEP_COMMIT_SECONDS.child(flow_id)
+        self._success = STEP_COMMITS.child((flow_id, Outcome.SUCCESS.value))
 
     async def __call__(
         self,
@@ -93,7 +95,10 @@ class DurableCommitter:
             await stores.journal.commit(commit)
         if step is not None:
             self._latency.observe(time.monotonic() - started)
-            STEP_COMMITS.child((self._flow_id, step.outcome.value)).inc()
+            if step.outcome is Outcome.SUCCESS:
+                self._success.inc()
+            else:
+                STEP_COMMITS.child((self._flow_id, step.outcome.value)).inc()
         if release:
             await self._lease.ended_by_commit()
         if events and self._ctx.outbox is not None:

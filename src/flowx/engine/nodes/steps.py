@@ -34,6 +34,10 @@ log = logging.getLogger("flowx.engine")
 #: R9.5: a result the journal cannot store (or the state it makes) fails its own step, once.
 RESULT_UNSTORABLE = "step.result_unstorable"
 
+#: JSON gives these back exactly as they went in (a float by its shortest repr): a result of
+#: one of them is not decoded again from the text just encoded.
+_EXACT = frozenset({str, int, float, bool, type(None)})
+
 
 async def step(run: Run, node: StepNode, scope: str, item: Any, has_item: bool) -> Any:
     """Run (or replay) one capability call, with its retry policy."""
@@ -144,15 +148,13 @@ async def _call_until_done(
             # R9.5: checked here, so an unstorable result fails this step, never the commit.
             whose = f"step {node.name!r}: the result of {cap.ref}"
             at = f"{scope}/{node.step_id}"
+            sealed = run.seals(node.into)
             text = codec.dumps(
-                raw,
-                root="result",
-                code=RESULT_UNSTORABLE,
-                context=whose,
-                at=at,
-                whole=run.seals(node.into),
+                raw, root="result", code=RESULT_UNSTORABLE, context=whose, at=at, whole=sealed
             )
-            value = codec.loads(text, root="result", at=at)
+            # The live run goes on with the value a replay would read back from the row.
+            exact = not sealed and type(raw) in _EXACT
+            value = raw if exact else codec.loads(text, root="result", at=at)
             base = run.state
             new_state = run.applied(node.into, value)  # the result must fit its field
             bag = (

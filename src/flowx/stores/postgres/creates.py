@@ -22,6 +22,7 @@ from typing import Any, Final, LiteralString, Protocol
 from psycopg.rows import dict_row
 
 from flowx.stores.columns import CREATE_COLUMNS, INSTANCE_COLUMNS, instance_of
+from flowx.stores.postgres.arrays import Ints, Texts, Times
 from flowx.stores.postgres.batching import Batcher
 from flowx.stores.postgres.database import PostgresDatabase
 from flowx.stores.postgres.leases import GRANT_OVER_EXPIRED
@@ -93,21 +94,21 @@ def batch_params(
     instances: list[NewInstance], *, owner: str, ttl: timedelta, now: datetime | None
 ) -> dict[str, Any]:
     return {
-        "instance_ids": [i.instance_id for i in instances],
-        "flow_ids": [i.flow_id for i in instances],
-        "flow_versions": [i.flow_version for i in instances],
-        "tenant_ids": [i.tenant_id for i in instances],
-        "states": [i.state.value for i in instances],
-        "inputs": [i.input for i in instances],
-        "state_bags": [i.state_bag for i in instances],
-        "keys": [i.idempotency_key for i in instances],
-        "correlations": [i.correlation_id for i in instances],
-        "deadlines": [i.deadline_at for i in instances],
-        "parents": [i.parent_instance_id for i in instances],
-        "parent_scopes": [i.parent_scope for i in instances],
-        "parent_steps": [i.parent_step_id for i in instances],
-        "codecs": [i.codec_version for i in instances],
-        "traces": [i.trace_context for i in instances],
+        "instance_ids": Texts([i.instance_id for i in instances]),
+        "flow_ids": Texts([i.flow_id for i in instances]),
+        "flow_versions": Texts([i.flow_version for i in instances]),
+        "tenant_ids": Texts([i.tenant_id for i in instances]),
+        "states": Texts([i.state.value for i in instances]),
+        "inputs": Texts([i.input for i in instances]),
+        "state_bags": Texts([i.state_bag for i in instances]),
+        "keys": Texts([i.idempotency_key for i in instances]),
+        "correlations": Texts([i.correlation_id for i in instances]),
+        "deadlines": Times([i.deadline_at for i in instances]),
+        "parents": Texts([i.parent_instance_id for i in instances]),
+        "parent_scopes": Texts([i.parent_scope for i in instances]),
+        "parent_steps": Ints([i.parent_step_id for i in instances]),
+        "codecs": Ints([i.codec_version for i in instances]),
+        "traces": Texts([i.trace_context for i in instances]),
         "owner": owner,
         "ttl": ttl,
         "now": now,

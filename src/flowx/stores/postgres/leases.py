@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any, Final, LiteralString
 
+from flowx.stores.postgres.arrays import BigInts, Texts, Times
 from flowx.stores.postgres.database import DedicatedConnection, PostgresDatabase
 from flowx.stores.postgres.notify import Notifier
 from flowx.stores.postgres.releases import ReleaseBatcher
@@ -108,9 +109,9 @@ CURRENT_LEASE: Final[LiteralString] = (
 def release_params(batch: Sequence[tuple[Lease, datetime | None]]) -> dict[str, Any]:
     """``RELEASE_MANY``'s parameters for a batch of (lease, the clock's now or ``None``)."""
     return {
-        "ids": [lease.instance_id for lease, _ in batch],
-        "tokens": [lease.token for lease, _ in batch],
-        "nows": [now for _, now in batch],
+        "ids": Texts([lease.instance_id for lease, _ in batch]),
+        "tokens": BigInts([lease.token for lease, _ in batch]),
+        "nows": Times([now for _, now in batch]),
     }
 
 
