@@ -42,11 +42,12 @@ class Capability:
     idempotent: bool = True
     takes_argument: bool = True
     is_async: bool = False
+    #: ``id@version``: how plans, the journal and ``flowx`` commands name this capability
+    #: (made once: every step attempt names its capability).
+    ref: str = field(init=False, repr=False, compare=False)
 
-    @property
-    def ref(self) -> str:
-        """``id@version``: how plans, the journal and ``flowx`` commands name this capability."""
-        return f"{self.id}@{self.version}"
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ref", f"{self.id}@{self.version}")
 
     async def invoke(self, ctx: Any, argument: Any, executor: Executor | None = None) -> Any:
         """Call the function; a plain ``def`` runs on ``executor`` (the host's capability

@@ -15,13 +15,22 @@ to the same series, told apart where it matters by a ``node`` label.
 
 from __future__ import annotations
 
+import bisect
+import contextlib
+import math
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 _prometheus: Any
+_Counters: Any
+_Histograms: Any
+_bound_text: Any
 try:  # optional: flowx-runtime[prometheus]
     import prometheus_client as _prometheus
+    from prometheus_client.core import CounterMetricFamily as _Counters
+    from prometheus_client.core import HistogramMetricFamily as _Histograms
+    from prometheus_client.utils import floatToGoString as _bound_text
 except ImportError:  # pragma: no cover - exercised only without the extra
     _prometheus = None
 
@@ -58,31 +67,31 @@ def _series(family: Any, key: tuple[str, ...]) -> Any:
 
 class _CounterChild:
     """One series of a counter, bound once and kept by a hot caller: an increment is an
-    attribute add and, exported, prometheus-client's own child ``inc`` (no label lookup).
-    Fed from the event loop's thread only (every seam is); prometheus-client locks its own
-    series, so only the in-process value would suffer a caller on another thread."""
+    attribute add. Fed from the event loop's thread only (every seam is); the exporter reads
+    it when scraped (``_Collector``)."""
 
-    __slots__ = ("_exported", "value")
+    __slots__ = ("value",)
 
-    def __init__(self, exported: Any) -> None:
+    def __init__(self) -> None:
         self.value = 0
-        self._exported = exported
 
     def inc(self, amount: int = 1) -> None:
         self.value += amount
-        if self._exported is not None:
-            self._exported.inc(amount)
 
 
 class _Family(Generic[C]):
     """Series by label values, each bound once (``child``) and kept by hot callers."""
 
-    def __init__(self, name: str, exported: Any, make: Callable[[Any], C]) -> None:
+    def __init__(
+        self, name: str, documentation: str, labels: Sequence[str], make: Callable[[], C]
+    ) -> None:
         self.name = name
+        self.documentation = documentation
+        self.labels = tuple(labels)
         self._children: dict[tuple[str, ...], C] = {}
         self._lock = threading.Lock()
-        self._exported = exported
         self._make = make
+        _FAMILIES.append(self)
 
     def child(self, labels: Labels) -> C:
         """The series for ``labels``, to keep and use directly."""
@@ -92,18 +101,27 @@ class _Family(Generic[C]):
             with self._lock:
                 found = self._children.get(key)
                 if found is None:
-                    found = self._children[key] = self._make(_series(self._exported, key))
+                    found = self._children[key] = self._make()
         return found
+
+    def series(self) -> list[tuple[tuple[str, ...], C]]:
+        """Every series so far, for the exporter's thread (a copy: the loop may add one)."""
+        with self._lock:
+            return list(self._children.items())
 
     def _found(self, labels: Labels) -> C | None:
         return self._children.get(_key(labels))
+
+
+#: Every counter and histogram family, in the order they were made (``_Collector``).
+_FAMILIES: list[_Family[Any]] = []
 
 
 class _LabelledCounter(_Family[_CounterChild]):
     """A counter by label values; ``inc("a")`` for one label, ``inc(("a", "b"))`` for two."""
 
     def __init__(self, name: str, documentation: str, *labels: str) -> None:
-        super().__init__(name, _export("Counter", name, documentation, labels), _CounterChild)
+        super().__init__(name, documentation, labels, _CounterChild)
 
     def inc(self, labels: Labels, amount: int = 1) -> None:
         self.child(labels).inc(amount)
@@ -135,30 +153,40 @@ class _LabelledGauge:
 
 
 class _HistogramChild:
-    """One series of a histogram, bound once (see ``_CounterChild``)."""
+    """One series of a histogram, bound once (see ``_CounterChild``): its count, its sum and
+    how many observations fell in each bucket (the last: above every bound)."""
 
-    __slots__ = ("_exported", "count", "total")
+    __slots__ = ("_bounds", "buckets", "count", "total")
 
-    def __init__(self, exported: Any) -> None:
+    def __init__(self, bounds: tuple[float, ...]) -> None:
         self.count = 0
         self.total = 0.0
-        self._exported = exported
+        self._bounds = bounds
+        self.buckets = [0] * (len(bounds) + 1)
 
     def observe(self, value: float) -> None:
         self.count += 1
         self.total += value
-        if self._exported is not None:
-            self._exported.observe(value)
+        # A bucket holds what is at most its bound (Prometheus's ``le``).
+        self.buckets[bisect.bisect_left(self._bounds, value)] += 1
+
+    def cumulative(self) -> list[tuple[float, int]]:
+        """Each bound (the last: infinity) with how many observations were at most it."""
+        running, out = 0, []
+        for bound, n in zip((*self._bounds, math.inf), list(self.buckets), strict=True):
+            running += n
+            out.append((bound, running))
+        return out
 
 
 class _LabelledHistogram(_Family[_HistogramChild]):
-    """A histogram by label values; in-process it keeps the count and the sum."""
+    """A histogram by label values; in-process it keeps the count, the sum and the buckets."""
 
     def __init__(
         self, name: str, documentation: str, *labels: str, buckets: Sequence[float]
     ) -> None:
-        exported = _export("Histogram", name, documentation, labels, buckets=buckets)
-        super().__init__(name, exported, _HistogramChild)
+        self.bounds = tuple(sorted(buckets))
+        super().__init__(name, documentation, labels, lambda: _HistogramChild(self.bounds))
 
     def observe(self, labels: Labels, value: float) -> None:
         self.child(labels).observe(value)
@@ -166,6 +194,34 @@ class _LabelledHistogram(_Family[_HistogramChild]):
     def count(self, labels: Labels) -> int:
         found = self._found(labels)
         return found.count if found is not None else 0
+
+
+class _Collector:
+    """Exports the counters and histograms as they are when scraped, read from their
+    in-process series: a step commit pays two attribute adds and a bisect, not
+    prometheus-client's locked series (measured: about a twentieth of the engine's CPU per
+    flow on the hot path, issue 14)."""
+
+    def describe(self) -> list[Any]:
+        return [self._empty(f) for f in _FAMILIES]
+
+    def collect(self) -> list[Any]:
+        out = []
+        for family in list(_FAMILIES):
+            exported = self._empty(family)
+            for key, child in family.series():
+                if isinstance(child, _HistogramChild):
+                    buckets = [(_bound_text(le), n) for le, n in child.cumulative()]
+                    exported.add_metric(list(key), buckets, child.total)
+                else:
+                    exported.add_metric(list(key), child.value)
+            out.append(exported)
+        return out
+
+    @staticmethod
+    def _empty(family: _Family[Any]) -> Any:
+        kind = _Histograms if isinstance(family, _LabelledHistogram) else _Counters
+        return kind(family.name, family.documentation, labels=list(family.labels))
 
 
 # -- alerts ----------------------------------------------------------------------------------
@@ -278,6 +334,13 @@ CAPABILITY_THREADS_STUCK = _LabelledGauge(
     "Capability threads stuck in a call their step abandoned",
     "node",
 )
+
+
+if _prometheus is not None:
+    # One collector for every counter and histogram; a module reloaded (in tests) finds the
+    # names taken, and goes on counting in-process, exported by the first one.
+    with contextlib.suppress(ValueError):
+        _prometheus.REGISTRY.register(_Collector())
 
 
 def available() -> bool:

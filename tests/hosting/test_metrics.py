@@ -168,3 +168,37 @@ def test_a_port_that_is_taken_is_a_clear_error(tmp_path: Path) -> None:
             asyncio.run(host.open())
     assert taken.value.code == "settings.metrics_port_unavailable"
     assert "--metrics-port" in str(taken.value)
+
+
+def test_a_histogram_is_served_as_prometheus_client_would_serve_it() -> None:
+    """The histograms count in-process and are exported when scraped (issue 14): the same
+    observations give the same buckets, count and sum as prometheus-client's own histogram,
+    a value on a bound counted in that bound's bucket (``le``)."""
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    values = [0.0, 0.0005, 0.0007, 0.001, 0.02, 2.5, 3.0, 1e9]
+    family = metrics.STEP_COMMIT_SECONDS
+    flow = "met.histogram"
+    registry = CollectorRegistry()
+    theirs = Histogram("theirs", "x", ["flow"], buckets=metrics.COMMIT_BUCKETS, registry=registry)
+    for value in values:
+        family.observe(flow, value)
+        theirs.labels(flow).observe(value)
+
+    def served(text: str, name: str) -> dict[tuple[str, str], float]:
+        out: dict[tuple[str, str], float] = {}
+        for fam in text_string_to_metric_families(text):
+            for sample in fam.samples:
+                if sample.labels.get("flow") == flow and sample.name.startswith(name):
+                    out[(sample.name.removeprefix(name), sample.labels.get("le", ""))] = (
+                        sample.value
+                    )
+        return out
+
+    from prometheus_client import REGISTRY
+
+    ours = served(generate_latest(REGISTRY).decode(), "flowx_step_commit_seconds")
+    expected = served(generate_latest(registry).decode(), "theirs")
+    expected.pop(("_created", ""), None)
+    assert ours == expected
+    assert ours[("_bucket", "0.0005")] == 2 and ours[("_bucket", "+Inf")] == len(values)

@@ -77,6 +77,16 @@ RunOutcome = Literal[
     "suspended",
 ]
 
+#: The state each outcome that ends the instance leaves it in.
+_FINAL_STATES: dict[str, InstanceState] = {
+    "completed": InstanceState.COMPLETED,
+    "failed": InstanceState.FAILED,
+    "timed_out": InstanceState.TIMED_OUT,
+    "compensation_failed": InstanceState.COMPENSATION_FAILED,
+    "cancelled": InstanceState.CANCELLED,
+    "terminated": InstanceState.TERMINATED,
+}
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RunResult:
@@ -96,14 +106,7 @@ class RunResult:
 
     @property
     def final_state(self) -> InstanceState | None:
-        return {
-            "completed": InstanceState.COMPLETED,
-            "failed": InstanceState.FAILED,
-            "timed_out": InstanceState.TIMED_OUT,
-            "compensation_failed": InstanceState.COMPENSATION_FAILED,
-            "cancelled": InstanceState.CANCELLED,
-            "terminated": InstanceState.TERMINATED,
-        }.get(self.outcome)
+        return _FINAL_STATES.get(self.outcome)
 
 
 class Execution:
