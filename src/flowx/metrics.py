@@ -91,6 +91,8 @@ class _Family(Generic[C]):
         self._children: dict[tuple[str, ...], C] = {}
         self._lock = threading.Lock()
         self._make = make
+        if not self.labels:  # its own only series, served (as 0) before anything counts
+            self.child(())
         _FAMILIES.append(self)
 
     def child(self, labels: Labels) -> C:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass
 from typing import Protocol
 
 from pydantic import BaseModel
@@ -26,6 +25,7 @@ from flowx.stores.records import (
     SignalRecord,
     StepWrite,
     Wake,
+    record,
 )
 
 
@@ -68,7 +68,7 @@ class WaitPort(Protocol):
         ...
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@record
 class RunPorts:
     """The seams of one run. Only ``committer`` and ``clock`` are always needed."""
 

@@ -77,6 +77,7 @@ class Run:
         # The state as last committed, with its encoding: the run's result reuses it rather
         # than encoding the same state again as the instance ends.
         self._encoded: tuple[BaseModel, str] | None = None
+        self._sealed = sealed_fields(plan.state_model)
         self.executed = 0
         self.replayed = 0
         self.last_wake = spec.last_wake
@@ -272,7 +273,7 @@ class Run:
         """Whether a value bound for state field ``into`` is sealed there, and so must be
         sealed whole in the row that journals it too (R9.8): a capability that returns a plain
         ``str`` into a ``Sensitive[str]`` field would otherwise leave it in the clear."""
-        return into is not None and into in sealed_fields(self.plan.state_model)
+        return into is not None and into in self._sealed
 
     def applied(self, into: str | None, value: Any) -> BaseModel:
         """The state with ``value`` in field ``into`` (validated), not yet committed.

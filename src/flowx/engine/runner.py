@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
@@ -46,7 +45,7 @@ from flowx.plan.model import (
     SubFlowNode,
 )
 from flowx.plan.model import walk as walk_plan
-from flowx.stores.records import InstanceState, Outcome
+from flowx.stores.records import InstanceState, Outcome, record
 
 __all__ = [
     "DEADLINE_EXCEEDED",
@@ -88,7 +87,7 @@ _FINAL_STATES: dict[str, InstanceState] = {
 }
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@record
 class RunResult:
     """How one run of an instance ended on this node."""
 

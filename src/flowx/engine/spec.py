@@ -9,20 +9,19 @@ keeps every caller from hand-picking that subset again.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
 
 from pydantic import BaseModel
 
 from flowx import codec
 from flowx.plan.model import Plan
-from flowx.stores.records import InstanceRecord, InstanceState, StepRecord, Wake
+from flowx.stores.records import InstanceRecord, InstanceState, StepRecord, Wake, record
 
 #: Takeovers without a step commit in between before the step about to run is failed (R4.3).
 DEFAULT_MAX_RESUMES = 10
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@record
 class RunSpec:
     """The plan, the instance and its journal: everything a run reads but does not own."""
 
