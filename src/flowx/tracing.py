@@ -68,8 +68,10 @@ def _inert() -> bool:
     global _recording
     if _recording or _trace is None:
         return _trace is None
-    if _tracer is _DEFAULT_TRACER and isinstance(_global_provider(), _NO_SDK):
-        return True
+    if _tracer is _DEFAULT_TRACER:
+        provider = _global_provider()
+        if provider is _NO_PROVIDER or isinstance(provider, _NO_SDK):
+            return True
     _recording = True
     return False
 
