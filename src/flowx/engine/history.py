@@ -109,7 +109,7 @@ class History:
         self.forward_replay = (
             replay_sequence is not None and replay_from is None and not compensation_began(rows)
         )
-        nodes = {n.step_id: n for n in walk(plan.body)}
+        nodes = {n.step_id: n for n in walk(plan.body)} if rows else {}
         for row in rows:
             node = nodes.get(row.step_id)
             expected = node.name if node is not None else None

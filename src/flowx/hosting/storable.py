@@ -36,9 +36,10 @@ def _refused_as(error: type[SerialisationError]) -> Iterator[None]:
 def start_input(plan: Plan, value: BaseModel) -> str:
     """The input's stored text; ``InputUnstorable`` (``flow.input_unstorable``) names the
     field of the input that cannot be stored (its keys: ``start_keys``)."""
-    whose = f"the start of {plan.ref}"
-    with _refused_as(InputUnstorable):
-        return codec.dumps(value, root="input", context=whose)
+    try:  # not ``_refused_as``: this runs on every start
+        return codec.dumps(value, root="input", context=f"the start of {plan.ref}")
+    except SerialisationError as exc:
+        raise InputUnstorable(str(exc), path=exc.path) from exc
 
 
 def same_input(sealing: Sealing | None, record: InstanceRecord, input_text: str) -> bool:
@@ -56,6 +57,8 @@ def same_input(sealing: Sealing | None, record: InstanceRecord, input_text: str)
 def start_keys(plan: Plan, *, idempotency_key: str | None, correlation_id: str | None) -> None:
     """The start's keys checked as text columns: first, since the instance id (which the
     input is sealed under) is derived from the idempotency key."""
+    if idempotency_key is None and correlation_id is None:
+        return
     whose = f"the start of {plan.ref}"
     with _refused_as(InputUnstorable):
         for root, key in (("idempotency_key", idempotency_key), ("correlation_id", correlation_id)):
