@@ -82,15 +82,13 @@ class _TextsDumper(_ArrayDumper):
 
     def dump(self, obj: Any) -> bytes:
         encoding, size = self._encoding, _SIZE.pack
-        items: list[bytes] = []
-        nulls = False
-        for value in obj:
-            if value is None:
-                items.append(_NULL)
-                nulls = True
-            else:
-                data = value.encode(encoding)
-                items.append(size(len(data)) + data)
+        nulls = None in obj
+        if nulls and obj.count(None) == len(obj):
+            items = [_NULL] * len(obj)  # a column no write in the batch sets
+        else:
+            items = [
+                _NULL if v is None else size(len(data := v.encode(encoding))) + data for v in obj
+            ]
         return _array(_TEXT, obj, items, nulls)
 
 
