@@ -140,8 +140,8 @@ async def _bounded(
 ) -> Any:
     """``invoke_bounded`` without the stop."""
     if cap.is_async:
-        if limit is None:
-            return await cap.invoke(ctx, argument, executor)
+        if limit is None:  # ``cap.invoke``, inlined: the common attempt
+            return await (cap.fn(ctx, argument) if cap.takes_argument else cap.fn(ctx))
         try:
             async with asyncio.timeout(limit):
                 return await cap.invoke(ctx, argument, executor)
