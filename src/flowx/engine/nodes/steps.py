@@ -43,7 +43,14 @@ async def step(run: Run, node: StepNode, scope: str, item: Any, has_item: bool) 
     """Run (or replay) one capability call, with its retry policy."""
     key = (scope, node.step_id)
     a = run.history.of(key)
-    argument = await _argument(run, node, scope, item, has_item, a)
+    try:  # the selector, if any, on the input or the for_each element
+        argument = (
+            node.argument(run.source(item, has_item), run.state)
+            if node.argument is not None
+            else (item if has_item else run.input)
+        )
+    except Exception as exc:
+        argument = await _argument_raised(run, node, scope, a, exc)
     if a.success is not None:
         return run.replay_done(node, scope, a.success, argument)
     cap = run.pinned(node, a)
@@ -66,36 +73,29 @@ async def step(run: Run, node: StepNode, scope: str, item: Any, has_item: bool) 
     return await _call_until_done(run, node, scope, argument, cap, policy, failures, a)
 
 
-async def _argument(
-    run: Run, node: StepNode, scope: str, item: Any, has_item: bool, a: Attempts
+async def _argument_raised(
+    run: Run, node: StepNode, scope: str, a: Attempts, exc: Exception
 ) -> Any:
-    """The step's argument; a selector that raises fails a step that never ran, and gives
-    a replayed step's compensation ``None``."""
-    try:
-        return (
-            node.argument(run.source(item, has_item), run.state)
-            if node.argument is not None
-            else (item if has_item else run.input)
+    """A selector (``argument=``) that raised: it fails a step that never ran, and gives a
+    replayed step's compensation ``None``."""
+    if a.success is None and not a.failures:
+        run.forward(node, scope)
+        await run.fail_node(
+            node,
+            scope,
+            a.last_attempt + 1,
+            f"step {node.name!r}: argument= raised {type(exc).__name__}: {exc}",
+            "step.argument_failed",
         )
-    except Exception as exc:
-        if a.success is None and not a.failures:
-            run.forward(node, scope)
-            await run.fail_node(
-                node,
-                scope,
-                a.last_attempt + 1,
-                f"step {node.name!r}: argument= raised {type(exc).__name__}: {exc}",
-                "step.argument_failed",
-            )
-        if a.success is None:
-            raise Halt.failed(node, scope, a.failures[-1]) from exc
-        log.warning(
-            "instance %s: argument= of replayed step %r raised %r; its compensation gets None",
-            run.instance_id,
-            node.name,
-            exc,
-        )
-        return None
+    if a.success is None:
+        raise Halt.failed(node, scope, a.failures[-1]) from exc
+    log.warning(
+        "instance %s: argument= of replayed step %r raised %r; its compensation gets None",
+        run.instance_id,
+        node.name,
+        exc,
+    )
+    return None
 
 
 async def _poison(run: Run, node: StepNode, scope: str, cap: Capability, attempt: int) -> None:
