@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 import uuid
-from typing import Any
+from typing import Any, NoReturn
 
 from pydantic import ValidationError
 
@@ -79,14 +79,7 @@ async def _argument_raised(
     """A selector (``argument=``) that raised: it fails a step that never ran, and gives a
     replayed step's compensation ``None``."""
     if a.success is None and not a.failures:
-        run.forward(node, scope)
-        await run.fail_node(
-            node,
-            scope,
-            a.last_attempt + 1,
-            f"step {node.name!r}: argument= raised {type(exc).__name__}: {exc}",
-            "step.argument_failed",
-        )
+        await _selector_failed(run, node, scope, a, f"step {node.name!r}: argument=", exc)
     if a.success is None:
         raise Halt.failed(node, scope, a.failures[-1]) from exc
     log.warning(
@@ -96,6 +89,19 @@ async def _argument_raised(
         exc,
     )
     return None
+
+
+async def _selector_failed(
+    run: Run, node: StepNode | ForEachNode, scope: str, a: Attempts, what: str, exc: Exception
+) -> NoReturn:
+    """A selector that raised fails its node, which never ran, with no retry: a step's
+    ``argument=`` (``step.argument_failed``) or a for_each's ``items=``
+    (``for_each.items_failed``); ``what`` names it in the message."""
+    run.forward(node, scope)
+    code = "step.argument_failed" if isinstance(node, StepNode) else "for_each.items_failed"
+    await run.fail_node(
+        node, scope, a.last_attempt + 1, f"{what} raised {type(exc).__name__}: {exc}", code
+    )
 
 
 async def _poison(run: Run, node: StepNode, scope: str, cap: Capability, attempt: int) -> None:
@@ -286,14 +292,7 @@ async def for_each(run: Run, node: ForEachNode, scope: str, item: Any, has_item:
     try:
         items = list(node.items(run.source(item, has_item), run.state))
     except Exception as exc:
-        run.forward(node, scope)
-        await run.fail_node(
-            node,
-            scope,
-            a.last_attempt + 1,
-            f"for_each {node.name!r}: items= raised {type(exc).__name__}: {exc}",
-            "for_each.items_failed",
-        )
+        await _selector_failed(run, node, scope, a, f"for_each {node.name!r}: items=", exc)
     collected: list[Any] = []
     for index, element in enumerate(items):
         child = f"{scope}/{index}" if scope else str(index)
