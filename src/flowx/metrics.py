@@ -19,6 +19,7 @@ import bisect
 import contextlib
 import math
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -26,10 +27,12 @@ _prometheus: Any
 _Counters: Any
 _Histograms: Any
 _bound_text: Any
+_Sample: Any
 try:  # optional: flowx-runtime[prometheus]
     import prometheus_client as _prometheus
     from prometheus_client.core import CounterMetricFamily as _Counters
     from prometheus_client.core import HistogramMetricFamily as _Histograms
+    from prometheus_client.samples import Sample as _Sample
     from prometheus_client.utils import floatToGoString as _bound_text
 except ImportError:  # pragma: no cover - exercised only without the extra
     _prometheus = None
@@ -70,10 +73,13 @@ class _CounterChild:
     attribute add. Fed from the event loop's thread only (every seam is); the exporter reads
     it when scraped (``_Collector``)."""
 
-    __slots__ = ("value",)
+    __slots__ = ("created", "value")
 
     def __init__(self) -> None:
         self.value = 0
+        #: When the series began (the exported ``_created`` sample): a scraper tells a reset
+        #: from a restart by it.
+        self.created = time.time()
 
     def inc(self, amount: int = 1) -> None:
         self.value += amount
@@ -103,6 +109,10 @@ class _Family(Generic[C]):
             with self._lock:
                 found = self._children.get(key)
                 if found is None:
+                    if len(key) != len(self.labels):
+                        raise ValueError(
+                            f"{self.name} has labels {self.labels}, not the values {key!r}"
+                        )
                     found = self._children[key] = self._make()
         return found
 
@@ -158,9 +168,10 @@ class _HistogramChild:
     """One series of a histogram, bound once (see ``_CounterChild``): its count, its sum and
     how many observations fell in each bucket (the last: above every bound)."""
 
-    __slots__ = ("_bounds", "buckets", "count", "total")
+    __slots__ = ("_bounds", "buckets", "count", "created", "total")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.created = time.time()
         self.count = 0
         self.total = 0.0
         self._bounds = bounds
@@ -200,23 +211,35 @@ class _LabelledHistogram(_Family[_HistogramChild]):
 
 class _Collector:
     """Exports the counters and histograms as they are when scraped, read from their
-    in-process series: a step commit pays two attribute adds and a bisect, not
-    prometheus-client's locked series (measured: about a twentieth of the engine's CPU per
-    flow on the hot path, issue 14)."""
+    in-process series: a step commit pays a few attribute adds and a bisect, not
+    prometheus-client's locked series (about a twentieth of the engine's CPU per flow in a
+    sampled profile, issue 14). The samples are those prometheus-client's own series give,
+    ``_created`` included."""
 
     def describe(self) -> list[Any]:
         return [self._empty(f) for f in _FAMILIES]
 
     def collect(self) -> list[Any]:
+        # prometheus-client's own switch (``disable_created_metrics`` or the environment's
+        # PROMETHEUS_DISABLE_CREATED_SERIES), read as its own series read it.
+        created = getattr(_prometheus.metrics, "_use_created", True)
         out = []
         for family in list(_FAMILIES):
             exported = self._empty(family)
             for key, child in family.series():
+                values = [str(v) for v in key]  # as prometheus-client's ``labels`` made them
                 if isinstance(child, _HistogramChild):
                     buckets = [(_bound_text(le), n) for le, n in child.cumulative()]
-                    exported.add_metric(list(key), buckets, child.total)
+                    exported.add_metric(values, buckets, child.total)
+                    if created:  # ``HistogramMetricFamily`` takes no ``created``: its sample
+                        labels = dict(zip(family.labels, values, strict=True))
+                        exported.samples.append(
+                            _Sample(f"{family.name}_created", labels, child.created)
+                        )
                 else:
-                    exported.add_metric(list(key), child.value)
+                    exported.add_metric(
+                        values, child.value, created=child.created if created else None
+                    )
             out.append(exported)
         return out
 
@@ -339,8 +362,8 @@ CAPABILITY_THREADS_STUCK = _LabelledGauge(
 
 
 if _prometheus is not None:
-    # One collector for every counter and histogram; a module reloaded (in tests) finds the
-    # names taken, and goes on counting in-process, exported by the first one.
+    # One collector for every counter and histogram. A module reloaded (in tests) finds the
+    # names taken: its families count in-process only, and the first module's are exported.
     with contextlib.suppress(ValueError):
         _prometheus.REGISTRY.register(_Collector())
 

@@ -109,8 +109,8 @@ def span(
     spans were about 14 % of the profiled time; end to end B7 gained 1.00–1.03x (issue 14).
     A span with a ``parent`` is still made: it carries the kept trace context to what the
     block starts (a sub-flow child keeps its parent's trace even on a node without an SDK).
-    A ``root`` with no parent only detaches the block from any inherited span: the no-op
-    span it would make carries nothing."""
+    A ``root`` with no parent only takes the inherited span away from the block (baggage and
+    other context entries stay): the no-op span it would make carries nothing."""
     if parent is None and _inert():
         return _Untraced() if root and _context is not None else _NOTHING
     return _span(name, attributes, parent=parent, root=root)
@@ -118,12 +118,13 @@ def span(
 
 class _Untraced:
     """A root span where none would be recorded: the block inherits no span (as under a
-    root span, a sub-flow it starts keeps no trace context), and no span is made."""
+    root span, a sub-flow it starts keeps no trace context) and keeps every other context
+    entry (baggage ...), as the API's no-op root span did; no span is made."""
 
     __slots__ = ("_token",)
 
     def __enter__(self) -> None:
-        self._token = _context.attach(_context.Context())
+        self._token = _context.attach(_trace.set_span_in_context(_trace.INVALID_SPAN))
 
     def __exit__(self, *exc: object) -> None:
         _context.detach(self._token)

@@ -199,6 +199,33 @@ def test_a_histogram_is_served_as_prometheus_client_would_serve_it() -> None:
 
     ours = served(generate_latest(REGISTRY).decode(), "flowx_step_commit_seconds")
     expected = served(generate_latest(registry).decode(), "theirs")
-    expected.pop(("_created", ""), None)
+    # ``_created`` is when each series began: served by both, equal only in name.
+    assert ours.pop(("_created", "")) > 0 and expected.pop(("_created", "")) > 0
     assert ours == expected
     assert ours[("_bucket", "0.0005")] == 2 and ours[("_bucket", "+Inf")] == len(values)
+
+
+def test_a_counter_is_served_as_prometheus_client_would_serve_it() -> None:
+    """Same samples as prometheus-client's own counter (its ``_created`` included), and a
+    series with the wrong number of labels refused when it is made, as there."""
+    from prometheus_client import REGISTRY, CollectorRegistry, Counter, generate_latest
+
+    registry = CollectorRegistry()
+    theirs = Counter("theirs", "x", ["flow", "outcome"], registry=registry)
+    metrics.STEP_COMMITS.inc(("met.counter", "Success"), 3)
+    theirs.labels("met.counter", "Success").inc(3)
+
+    def served(text: str, name: str) -> dict[str, float]:
+        return {
+            sample.name.removeprefix(name): sample.value
+            for fam in text_string_to_metric_families(text)
+            for sample in fam.samples
+            if sample.labels.get("flow") == "met.counter" and sample.name.startswith(name)
+        }
+
+    ours = served(generate_latest(REGISTRY).decode(), "flowx_step_commits")
+    expected = served(generate_latest(registry).decode(), "theirs")
+    assert ours.pop("_created") > 0 and expected.pop("_created") > 0
+    assert ours == expected == {"_total": 3.0}
+    with pytest.raises(ValueError, match="labels"):
+        metrics.STEP_COMMITS.inc("met.counter")

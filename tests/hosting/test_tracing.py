@@ -233,3 +233,52 @@ def test_with_a_provider_given_a_child_span_is_made(spans: InMemorySpanExporter)
     with tracing.span("flowx.step", {"flow": "f"}) as made:
         assert made is not None and made.is_recording()
     assert [s.name for s in spans.get_finished_spans()] == ["flowx.step"]
+
+
+def test_a_root_span_without_an_sdk_drops_the_inherited_span_and_nothing_else() -> None:
+    """No SDK: a run's root span is not made; the block only loses the span it inherited
+    (a sub-flow it starts keeps no trace of its caller's), while baggage and every other
+    context entry stay visible to it, as under the API's own no-op root span."""
+    from opentelemetry import baggage, context, trace
+    from opentelemetry.propagate import inject
+
+    assert tracing.quiet()
+    caller = trace.NonRecordingSpan(
+        trace.SpanContext(0x0AF7651916CD43DD8441E5322E1F2C41, 0xB7AD6B7169203331, True)
+    )
+    token = context.attach(trace.set_span_in_context(caller, baggage.set_baggage("tenant", "acme")))
+    try:
+        assert tracing.current_context() is not None
+        with tracing.span("flowx.run", {"flow": "f"}, root=True):
+            assert not trace.get_current_span().get_span_context().is_valid
+            assert tracing.current_context() is None
+            assert baggage.get_baggage("tenant") == "acme"
+            carrier: dict[str, str] = {}
+            inject(carrier)
+            assert carrier == {"baggage": "tenant=acme"}
+        assert tracing.current_context() is not None  # the caller's span is back after it
+    finally:
+        context.detach(token)
+
+
+def test_a_provider_installed_globally_is_seen_at_once() -> None:
+    """Spans are made from the moment an application installs an SDK provider globally,
+    even after FlowX looked and found none (a global provider cannot be unset: a process of
+    its own)."""
+    import subprocess
+    import sys
+
+    script = (
+        "from opentelemetry import trace\n"
+        "from opentelemetry.sdk.trace import TracerProvider\n"
+        "from flowx import tracing\n"
+        "assert tracing.quiet()\n"
+        "trace.set_tracer_provider(TracerProvider())\n"
+        "assert not tracing.quiet()\n"
+        "print('seen')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "seen"

@@ -77,7 +77,7 @@ async def test_the_server_reads_what_psycopg_itself_would_have_sent(
 async def test_an_integer_out_of_range_is_one_writes_data_error(
     conn: psycopg.AsyncConnection[Any],
 ) -> None:
-    with pytest.raises(psycopg.DataError, match="32 bits") as caught:
+    with pytest.raises(psycopg.DataError, match="32-bit") as caught:
         await read_back(conn, Ints([1, 2**40]), "int[]")
     assert isolatable(caught.value)  # the batch is retried write by write, not failed whole
 
@@ -91,6 +91,24 @@ async def test_a_lone_surrogate_is_refused_before_anything_is_sent(
     assert await read_back(conn, Texts(["still usable"]), "text[]") == ["still usable"]
 
 
-async def test_a_naive_time_is_refused(conn: psycopg.AsyncConnection[Any]) -> None:
-    with pytest.raises(TypeError, match="naive datetime"):
+async def test_a_naive_time_is_one_writes_data_error(conn: psycopg.AsyncConnection[Any]) -> None:
+    with pytest.raises(psycopg.DataError, match="naive datetime") as caught:
         await read_back(conn, Times([datetime(2026, 1, 1)]), "timestamptz[]")
+    assert isolatable(caught.value)
+
+
+async def test_a_bigint_out_of_range_and_empty_columns(conn: psycopg.AsyncConnection[Any]) -> None:
+    with pytest.raises(psycopg.DataError, match="64-bit"):
+        await read_back(conn, BigInts([2**63]), "bigint[]")
+    for value, sql_type in (
+        (Bools([]), "bool[]"),
+        (BigInts([]), "bigint[]"),
+        (Times([]), "timestamptz[]"),
+    ):
+        assert await read_back(conn, value, sql_type) == []
+    plain: list[Any] = [1, None, 2**40]
+    assert await read_back(conn, BigInts(plain), "bigint[]") == await read_back(
+        conn, plain, "bigint[]"
+    )
+    flags: list[Any] = [True, None, False]
+    assert await read_back(conn, Bools(flags), "bool[]") == await read_back(conn, flags, "bool[]")

@@ -18,6 +18,7 @@ from typing import assert_type, reveal_type
 from pydantic import BaseModel
 
 import flowx
+from flowx.stores.records import StepCommit, StepRecord
 
 
 class Order(BaseModel):
@@ -107,3 +108,9 @@ async def misuse(host: flowx.FlowHost, ctx: flowx.StepContext, state: OrderState
     flowx.flow("typing.bad", version="1", input=dict)  # mypy-error: type-var
     flowx.Retry(attempts="3")  # mypy-error: arg-type
     print(wrong, refunds)
+
+
+def store_author(commit: StepCommit, row: StepRecord) -> None:
+    """A store is handed the engine's writes and hands out rows: neither is written to."""
+    commit.token = 0  # mypy-error: misc: is read-only
+    row.attempt = 2  # mypy-error: misc: is read-only

@@ -174,16 +174,18 @@ class Run:
     ) -> None:
         """Move the instance to ``state`` with no step row (snapshotting the state)."""
         async with self._lock:
+            bag = codec.dumps(self.state, root="state")
             try:
                 await self._ports.committer(
                     state=state,
-                    state_bag=codec.dumps(self.state, root="state"),
+                    state_bag=bag,
                     error=codec.dumps(error) if error is not None else None,
                     events=events,
                     notify_parent=self.spec.is_child and state.terminal,
                 )
             except (FencedOut, LeaseLost) as exc:
                 raise Halt.abort(str(exc)) from exc
+            self._encoded = (self.state, bag)
 
     async def suspend(
         self,
@@ -202,15 +204,18 @@ class Run:
             at = self.deadline_at if at is None else min(at, self.deadline_at)
         wake = Wake(step_id=node.step_id, scope=scope, at=at, signal=signal)
         async with self._lock:
+            bag = codec.dumps(self.state, root="state")
             try:
                 sealed = await self.waits.suspend(
                     wake,
-                    state_bag=codec.dumps(self.state, root="state"),
+                    state_bag=bag,
                     consumed=tuple(sorted(self.history.consumed.get(signal or "", ()))),
                     child=child,
                 )
             except (FencedOut, LeaseLost) as exc:
                 raise Halt.abort(str(exc)) from exc
+            if sealed:
+                self._encoded = (self.state, bag)
         if sealed:
             self.last_wake = wake
             raise Halt.suspended(at)
@@ -262,8 +267,9 @@ class Run:
     # -- state and history ----------------------------------------------------------------
 
     def encoded_state(self) -> str:
-        """The state, encoded (``codec.dumps``): the last commit's encoding while the state is
-        still the one it committed."""
+        """The state, encoded (``codec.dumps``): the last write's encoding (a commit, a
+        transition, a seal) while the state is still the object it wrote, so the run's result
+        is what the journal holds."""
         encoded = self._encoded
         if encoded is not None and encoded[0] is self.state:
             return encoded[1]

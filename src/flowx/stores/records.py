@@ -1,8 +1,9 @@
 """The values that cross the store seam: rows as the journal keeps them, and writes.
 
-Keyword-only, slotted dataclasses, immutable (``record``). Payloads (input, state bag,
-results, events) are canonical JSON *text*, not parsed values: the store keeps them
-byte-for-byte as written (R2.1), and nothing below the engine needs to understand them.
+Keyword-only, slotted dataclasses: frozen, or for the engine's writes immutable to the type
+checker (``record``). Payloads (input, state bag, results, events) are canonical JSON *text*,
+not parsed values: the store keeps them byte-for-byte as written (R2.1), and nothing below the
+engine needs to understand them.
 """
 
 from __future__ import annotations
@@ -20,15 +21,18 @@ _R = TypeVar("_R")
 
 @dataclass_transform(frozen_default=True, kw_only_default=True)
 def record(cls: type[_R]) -> type[_R]:
-    """A value that crosses a seam: immutable to the type checker (``mypy --strict`` refuses
-    any assignment to a field, as for a frozen dataclass), and at run time a keyword-only,
-    slotted dataclass hashed by its fields as a frozen one.
+    """A write the engine hands a store (a step's row, its commit, a new instance ...):
+    immutable to the type checker (``mypy --strict`` refuses any assignment to a field, as for
+    a frozen dataclass), and at run time a keyword-only, slotted dataclass hashed by its
+    fields as a frozen one.
 
     Not ``frozen=True`` at run time: a frozen dataclass sets each field through
     ``object.__setattr__``, three times the cost of a plain one, and the hot path builds
-    several of these per step (its row, its commit, ...): about 6 % of the engine's CPU per
-    flow at 64 in flight (issue 14). Nothing in FlowX writes a field after construction; a
-    changed copy is made with ``dataclasses.replace``."""
+    several of these per step: about 6 % of the engine's CPU per flow at 64 in flight, with
+    the rows read back (issue 14). Rows a store hands out (``InstanceRecord``, ``StepRecord``,
+    ``Lease`` ...) stay frozen dataclasses: the in-memory store hands out the very objects it
+    keeps. Nothing in FlowX writes a field after construction; a changed copy is made with
+    ``dataclasses.replace``."""
     return dataclass(kw_only=True, slots=True, unsafe_hash=True)(cls)
 
 
@@ -107,7 +111,7 @@ class NewInstance:
     trace_context: str | None = None
 
 
-@record
+@dataclass(frozen=True, kw_only=True, slots=True)
 class InstanceRecord:
     """A ``flow_instance`` row as read back."""
 
@@ -173,7 +177,7 @@ class StepWrite:
     node_id: str | None = None
 
 
-@record
+@dataclass(frozen=True, kw_only=True, slots=True)
 class StepRecord:
     """A ``flow_step`` row as read back. Rows are never updated (R2.2)."""
 
@@ -240,7 +244,7 @@ class StepCommit:
 CHILD_WAIT = "flowx.sub_flow"
 
 
-@record
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Wake:
     """Where a Suspended instance waits, and what wakes it.
 
@@ -275,7 +279,7 @@ class SuspendCommit:
     child: str | None = None
 
 
-@record
+@dataclass(frozen=True, kw_only=True, slots=True)
 class SignalRecord:
     """A signal in an instance's inbox (``flow_signal``). ``seq`` is its order of arrival."""
 
@@ -287,7 +291,7 @@ class SignalRecord:
     received_at: datetime
 
 
-@record
+@dataclass(frozen=True, kw_only=True, slots=True)
 class SignalReceipt:
     """What delivering a signal did.
 
@@ -305,7 +309,7 @@ class SignalReceipt:
     state: InstanceState
 
 
-@record
+@dataclass(frozen=True, kw_only=True, slots=True)
 class History:
     """What a node reads when it takes over an instance: its row and every committed step,
     ordered by ``sequence`` (R2.8). ``inbox``: where the store read it in the same round trip,
@@ -317,7 +321,7 @@ class History:
     inbox: tuple[SignalRecord, ...] | None = None
 
 
-@record
+@dataclass(frozen=True, kw_only=True, slots=True)
 class CreateResult:
     """``created`` is false when the idempotency key (or instance id) was already there; then
     ``instance`` is the existing row and nothing was written (R4.1)."""
@@ -326,7 +330,7 @@ class CreateResult:
     created: bool
 
 
-@record
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Lease:
     """A granted lease. ``token`` is the fencing token every write made under it carries."""
 
@@ -336,7 +340,7 @@ class Lease:
     expires_at: datetime
 
 
-@record
+@dataclass(frozen=True, kw_only=True, slots=True)
 class RecoveryCandidate:
     """An instance the recovery scan found: active, and idle past the cutoff (or queued)."""
 
@@ -347,7 +351,7 @@ class RecoveryCandidate:
     updated_at: datetime
 
 
-@record
+@dataclass(frozen=True, kw_only=True, slots=True)
 class EventRecord:
     """An ``outbox_event`` row as read back."""
 
@@ -372,7 +376,7 @@ class EventRecord:
     trace_context: str | None = None
 
 
-@record
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ChangeBatch:
     """What a change subscription read (R2.14): events after its cursor, in order, and the
     position to commit once they are handled. ``position`` is opaque: pass it back as is."""
@@ -382,7 +386,7 @@ class ChangeBatch:
     position: tuple[int, int]
 
 
-@record
+@dataclass(frozen=True, kw_only=True, slots=True)
 class OutboxBacklog:
     """What waits in the outbox: events not yet published, when the oldest of them was
     staged (its lag), and dead letters. Read by the metrics sampler, not on any hot path."""
@@ -392,7 +396,7 @@ class OutboxBacklog:
     dead: int
 
 
-@record
+@dataclass(frozen=True, kw_only=True, slots=True)
 class OutboxPurge:
     """What a purge of published outbox rows did (R2.13)."""
 
@@ -405,7 +409,7 @@ class OutboxPurge:
 STOP_SIGNAL = "flowx.stop"
 
 
-@record
+@dataclass(frozen=True, kw_only=True, slots=True)
 class StopRequest:
     """An operator asked an instance to stop (R9.4): who, why, when, and how.
 
@@ -440,7 +444,7 @@ class StopRequest:
         return other is None or (self.mode == "terminate" and other.mode == "cancel")
 
 
-@record
+@dataclass(frozen=True, kw_only=True, slots=True)
 class StopReceipt:
     """What ``StopStore.request_stop`` did. ``status``: ``requested`` (kept now),
     ``already`` (an equal or stronger request was kept before: nothing written), or
@@ -460,7 +464,7 @@ class StopReceipt:
 RETENTION_CLASSES = ("Completed", "Failed", "Suspended", "OutboxPublished")
 
 
-@record
+@dataclass(frozen=True, kw_only=True, slots=True)
 class RetentionPolicy:
     """How long instances of ``flow_id`` (``'*'``: any flow without a policy of its own)
     ending in ``state_class`` are kept after they end; ``retain_for=None``: for ever."""
@@ -470,7 +474,7 @@ class RetentionPolicy:
     retain_for: timedelta | None
 
 
-@record
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ExpiredInstance:
     """An ended instance past its retention window. ``updated_at`` is the version a delete
     checks, so what was archived is exactly what is deleted. ``held_by``: why it is kept
@@ -484,7 +488,7 @@ class ExpiredInstance:
     held_by: str | None = None
 
 
-@record
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ArchivedInstance:
     """Everything the journal holds of one instance, as an archiver receives it."""
 

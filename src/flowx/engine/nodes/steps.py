@@ -26,6 +26,7 @@ from flowx.engine.timeouts import DeadlineReached, attempt_limit, invoke_bounded
 from flowx.errors import FlowXError, NonRetryableError
 from flowx.plan.events import contract_of
 from flowx.plan.model import NO_RETRY, EmitNode, ForEachNode, ForkNode, Retry, StepNode
+from flowx.sealing import MARK
 from flowx.stores.records import EventWrite, InstanceState, Outcome
 from flowx.tracing import current_context
 
@@ -35,7 +36,7 @@ log = logging.getLogger("flowx.engine")
 RESULT_UNSTORABLE = "step.result_unstorable"
 
 #: JSON gives these back exactly as they went in (a float by its shortest repr): a result of
-#: one of them is not decoded again from the text just encoded.
+#: one of them is not decoded again from the text just encoded (but see ``MARK``).
 _EXACT = frozenset({str, int, float, bool, type(None)})
 
 
@@ -158,8 +159,10 @@ async def _call_until_done(
             text = codec.dumps(
                 raw, root="result", code=RESULT_UNSTORABLE, context=whose, at=at, whole=sealed
             )
-            # The live run goes on with the value a replay would read back from the row.
-            exact = not sealed and type(raw) in _EXACT
+            # The live run goes on with the value a replay would read back from the row:
+            # decoded, unless JSON gives it back as it is (a text holding the sealing mark is
+            # decoded, as a replay decodes it: without keys, both refuse it alike).
+            exact = not sealed and type(raw) in _EXACT and not (type(raw) is str and MARK in raw)
             value = raw if exact else codec.loads(text, root="result", at=at)
             base = run.state
             new_state = run.applied(node.into, value)  # the result must fit its field

@@ -75,10 +75,11 @@ class _TextsDumper(_ArrayDumper):
     def __init__(self, cls: type, context: Any = None) -> None:
         super().__init__(cls, context)
         # Text goes in the connection's client encoding, as psycopg's own text dumper sends
-        # it; a value that encoding cannot hold raises ``UnicodeEncodeError`` before anything
-        # is sent, as there (``batching.isolatable``).
+        # it (UTF-8 for SQL_ASCII); a value that encoding cannot hold raises
+        # ``UnicodeEncodeError`` before anything is sent, as there (``batching.isolatable``).
         info = self.connection.info if self.connection is not None else None
-        self._encoding = info.encoding if info is not None else "utf-8"
+        encoding = info.encoding if info is not None else "utf-8"
+        self._encoding = "utf-8" if encoding == "ascii" else encoding  # SQL_ASCII, as there
 
     def dump(self, obj: Any) -> bytes:
         encoding, size = self._encoding, _SIZE.pack
@@ -103,7 +104,9 @@ class _IntsDumper(_ArrayDumper):
         except struct.error as exc:
             # Refused as the server refuses a value out of its column's range: one write's
             # data, so a batch holding it is retried write by write (``batching.isolatable``).
-            raise psycopg.DataError(f"an array element outside {width * 8} bits: {exc}") from exc
+            raise psycopg.DataError(
+                f"an array element that is not a {width * 8}-bit integer: {exc}"
+            ) from exc
         return _array(self._oid, obj, items, None in obj)
 
 
@@ -130,8 +133,10 @@ class _TimesDumper(_ArrayDumper):
             if value is None:
                 items.append(_NULL)
                 nulls = True
-            elif value.tzinfo is None:
-                raise TypeError(f"naive datetime {value!r}: FlowX stores timezone-aware times")
+            elif value.tzinfo is None:  # one write's data: its batch is retried write by write
+                raise psycopg.DataError(
+                    f"naive datetime {value!r}: FlowX stores timezone-aware times"
+                )
             else:
                 items.append(_INT8.pack(8, (value - _EPOCH) // _MICROSECOND))
         return _array(_TIMESTAMPTZ, obj, items, nulls)
