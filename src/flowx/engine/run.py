@@ -74,8 +74,8 @@ class Run:
         self._ports = ports
         self._walk = walk
         self.state: BaseModel = plan.state_model()
-        # The state as last committed, with its encoding: the run's result reuses it rather
-        # than encoding the same state again as the instance ends.
+        # The state as last written (a commit, a transition, a seal), with its encoding: the
+        # run's result reuses it rather than encoding the same state again as the instance ends.
         self._encoded: tuple[BaseModel, str] | None = None
         self._sealed = sealed_fields(plan.state_model)
         self.executed = 0

@@ -80,7 +80,7 @@ async def _argument_raised(
     """A selector (``argument=``) that raised: it fails a step that never ran, and gives a
     replayed step's compensation ``None``."""
     if a.success is None and not a.failures:
-        await _selector_failed(run, node, scope, a, f"step {node.name!r}: argument=", exc)
+        await _selector_failed(run, node, scope, a, exc)
     if a.success is None:
         raise Halt.failed(node, scope, a.failures[-1]) from exc
     log.warning(
@@ -93,15 +93,19 @@ async def _argument_raised(
 
 
 async def _selector_failed(
-    run: Run, node: StepNode | ForEachNode, scope: str, a: Attempts, what: str, exc: Exception
+    run: Run, node: StepNode | ForEachNode, scope: str, a: Attempts, exc: Exception
 ) -> NoReturn:
     """A selector that raised fails its node, which never ran, with no retry: a step's
     ``argument=`` (``step.argument_failed``) or a for_each's ``items=``
-    (``for_each.items_failed``); ``what`` names it in the message."""
+    (``for_each.items_failed``)."""
+    kind, selector = ("step", "argument") if isinstance(node, StepNode) else ("for_each", "items")
     run.forward(node, scope)
-    code = "step.argument_failed" if isinstance(node, StepNode) else "for_each.items_failed"
     await run.fail_node(
-        node, scope, a.last_attempt + 1, f"{what} raised {type(exc).__name__}: {exc}", code
+        node,
+        scope,
+        a.last_attempt + 1,
+        f"{kind} {node.name!r}: {selector}= raised {type(exc).__name__}: {exc}",
+        f"{kind}.{selector}_failed",
     )
 
 
@@ -295,7 +299,7 @@ async def for_each(run: Run, node: ForEachNode, scope: str, item: Any, has_item:
     try:
         items = list(node.items(run.source(item, has_item), run.state))
     except Exception as exc:
-        await _selector_failed(run, node, scope, a, f"for_each {node.name!r}: items=", exc)
+        await _selector_failed(run, node, scope, a, exc)
     collected: list[Any] = []
     for index, element in enumerate(items):
         child = f"{scope}/{index}" if scope else str(index)
