@@ -12,12 +12,13 @@ import asyncio
 import types
 from collections.abc import AsyncIterator
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
 import flowx
 import flowx.hosting.lease
-from flowx.hosting.lease import DurableLease
+from flowx.hosting.lease import DurableLease, LeaseKeeper
 from flowx.stores.errors import LeaseLost
 from flowx.stores.memory import MemoryStores
 from flowx.testing import FakeClock
@@ -121,3 +122,87 @@ async def test_a_lease_that_cannot_be_renewed_is_lost_before_it_could_expire(
     with pytest.raises(LeaseLost):
         _ = held.token
     await held.release()
+
+
+class _ReleasesFail:
+    """The memory lease store, but its first ``failures`` releases go unanswered (a restart
+    of the store while a run hands its lease back)."""
+
+    def __init__(self, inner: MemoryStores, failures: int) -> None:
+        self.inner = inner.leases
+        self.failures = failures
+        self.calls = 0
+
+    async def renew_many(self, *args: Any, **kw: Any) -> Any:
+        return await self.inner.renew_many(*args, **kw)
+
+    async def release(self, *args: Any, **kw: Any) -> None:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise flowx.JournalUnavailable("lease store restarting")
+        await self.inner.release(*args, **kw)
+
+
+async def _kept(store: _ReleasesFail, iid: str, clock: FakeClock) -> tuple[DurableLease, Any]:
+    """A lease held under a node's shared keeper, as a host holds every lease."""
+    lease = await store.inner.acquire(iid, owner="n1", ttl=TTL, now=clock.now())
+    assert lease is not None
+    keeper = LeaseKeeper(store, ttl=TTL, renew_every=TTL / 3, clock=clock).start()  # type: ignore[arg-type]
+    held = DurableLease(
+        store,  # type: ignore[arg-type]
+        lease,
+        ttl=TTL,
+        renew_every=TTL / 3,
+        clock=clock,
+        keeper=keeper,
+    ).start()
+    return held, keeper
+
+
+async def test_an_unanswered_release_is_sent_again_once_the_store_answers(
+    clock: FakeClock,
+) -> None:
+    """A release lost to a store restart must not keep the instance from every other node for
+    the rest of the TTL (a ``Pending`` start would wait 30 s): it is sent again and lands."""
+    stores = MemoryStores()
+    store = _ReleasesFail(stores, failures=3)
+    held, keeper = await _kept(store, "d", clock)
+    await held.release()  # unanswered: the lease is still live in the store
+    assert await stores.leases.acquire("d", owner="n2", ttl=TTL, now=clock.now()) is None
+    assert keeper.owed == 1
+    await pass_time(clock, 3.0)  # well inside the TTL
+    assert store.calls == 4  # three unanswered, then the one that landed
+    assert keeper.owed == 0
+    taken = await stores.leases.acquire("d", owner="n2", ttl=TTL, now=clock.now())
+    assert taken is not None and taken.token == 2
+    await keeper.stop()
+
+
+async def test_an_owed_release_stops_once_the_lease_has_run_out(clock: FakeClock) -> None:
+    """Never answered: it is given up once the lease has run out by itself, and the newer
+    lease another node then takes is left alone."""
+    stores = MemoryStores()
+    store = _ReleasesFail(stores, failures=10**6)
+    held, keeper = await _kept(store, "e", clock)
+    await held.release()
+    await pass_time(clock, TTL.total_seconds() + 2)
+    assert keeper.owed == 0
+    tried = store.calls
+    assert 1 < tried < 60  # sent again, about once a second at most, then given up
+    taken = await stores.leases.acquire("e", owner="n2", ttl=TTL, now=clock.now())
+    assert taken is not None
+    await pass_time(clock, 5.0)
+    assert store.calls == tried
+    assert (await stores.leases.current("e")).owner == "n2"
+    await keeper.stop()
+
+
+async def test_a_stopped_keeper_sends_no_owed_release(clock: FakeClock) -> None:
+    stores = MemoryStores()
+    store = _ReleasesFail(stores, failures=1)
+    held, keeper = await _kept(store, "f", clock)
+    await held.release()
+    await keeper.stop()  # the node shuts down: what is owed runs out by itself
+    await pass_time(clock, 3.0)
+    assert store.calls == 1
+    assert keeper.owed == 0

@@ -22,6 +22,9 @@ behind other writes) is *not* renewed: the node cannot make progress on it, so
 it lets the lease run out and another node takes the instance over within about one TTL
 instead of never (R9.1).
 
+A release the store did not answer is sent again (``LeaseKeeper.owe``) until it lands or the
+lease runs out by itself: left alone, it would keep its instance from every node for a TTL.
+
 A lease whose acquisition took long (a slow disk makes every write slow) is renewed at once,
 not at the next round: its liveness counts from when the acquisition was *sent*, and waiting
 a whole interval more could let it run out before its first renewal.
@@ -44,6 +47,11 @@ from flowx.stores.protocols import LeaseStore
 from flowx.stores.records import Lease
 
 log = logging.getLogger("flowx.lease")
+
+#: An unanswered release is sent again after this long, then twice as long each time up to
+#: ``_OWED_RETRY_CAP`` (seconds): soon after a store is back, without hammering one still down.
+_OWED_FIRST_RETRY = 0.1
+_OWED_RETRY_CAP = 1.0
 
 
 class DurableLease:
@@ -69,6 +77,8 @@ class DurableLease:
         self._margin = ttl.total_seconds() * 2 / 3
         start = acquired_at_monotonic if acquired_at_monotonic is not None else time.monotonic()
         self._live_until = start + self._margin
+        #: By then the lease has run out in the store by itself (no renewal sent since).
+        self._runs_out = start + ttl.total_seconds()
         self._lost: str | None = None
         self._released = False
         self._keeper = keeper or LeaseKeeper(store, ttl=ttl, renew_every=renew_every, clock=clock)
@@ -127,6 +137,7 @@ class DurableLease:
     def _renewed(self, lease: Lease, sent: float) -> None:
         self._lease = lease
         self._live_until = sent + self._margin
+        self._runs_out = sent + self._ttl.total_seconds()
 
     def _refused(self, reason: str) -> None:
         if self._lost is None:
@@ -155,17 +166,38 @@ class DurableLease:
         return True
 
     async def release(self) -> None:
-        """Stop renewing and hand the lease back. Idempotent; never raises."""
+        """Stop renewing and hand the lease back. Idempotent; never raises.
+
+        A release the store did not answer (a restart, a blip) is not left to run out: the
+        lease would then keep its instance from every other node for up to a whole TTL (a
+        ``Pending`` start for 30 s by default). The node's keeper sends it again until it
+        lands or the lease has run out by itself (``LeaseKeeper.owe``). Sending it again is
+        safe: a release only ends the lease with this token, so it cannot touch a newer one.
+        """
         if not await self._stop_holding():
             return
         if self._lost is None:
             try:
                 await self._store.release(self._lease, now=self._keeper.clock.store_time())
             except FlowXError as exc:
-                # The lease expires by itself; recovery then waits one TTL. Nothing is unsafe.
-                log.warning(
-                    "lease on %s not released (%s); it will expire", self._lease.instance_id, exc
-                )
+                if self._owns_keeper:  # a lone lease (a tool, a test): nothing to retry with
+                    log.warning(
+                        "lease on %s not released (%s); it will expire", self.instance_id, exc
+                    )
+                    return
+                log.warning("lease on %s not released (%s); retrying", self.instance_id, exc)
+                self._keeper.owe(self)
+
+    async def _release_again(self) -> bool:
+        """One more try at an owed release; ``True`` once nothing is owed any more."""
+        if time.monotonic() >= self._runs_out:
+            return True  # it has run out by itself
+        try:
+            await self._store.release(self._lease, now=self._keeper.clock.store_time())
+        except FlowXError:
+            return False
+        log.info("lease on %s released on a later try", self.instance_id)
+        return True
 
 
 class LeaseKeeper:
@@ -198,6 +230,9 @@ class LeaseKeeper:
         #: stop requests then (R9.4), one read a round, however many it runs.
         self.on_round: Callable[[Sequence[str]], Awaitable[None]] | None = None
         self._poll: asyncio.Task[None] | None = None
+        #: Releases the store did not answer, sent again until they land (``owe``).
+        self._owed: dict[int, DurableLease] = {}
+        self._owing: asyncio.Task[None] | None = None
 
     @property
     def stall_after(self) -> float:
@@ -222,11 +257,39 @@ class LeaseKeeper:
     def held(self) -> int:
         return len(self._held)
 
+    @property
+    def owed(self) -> int:
+        """Releases not answered yet and still to be sent again."""
+        return len(self._owed)
+
+    def owe(self, lease: DurableLease) -> None:
+        """Send ``lease``'s release again, soon and then every second at most, until it lands
+        or the lease has run out by itself. All owed releases go together (one batch on a
+        store that batches them)."""
+        self._owed[id(lease)] = lease
+        if self._running and (self._owing is None or self._owing.done()):
+            self._owing = asyncio.get_running_loop().create_task(
+                self._release_owed(), name="flowx-lease-releases", context=contextvars.Context()
+            )
+
+    async def _release_owed(self) -> None:
+        delay = _OWED_FIRST_RETRY
+        while self._owed:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _OWED_RETRY_CAP)
+            owed = list(self._owed.items())
+            done = await asyncio.gather(*(lease._release_again() for _, lease in owed))
+            for (key, _), settled in zip(owed, done, strict=True):
+                if settled:
+                    del self._owed[key]
+
     def start(self) -> LeaseKeeper:
         """Arm the keeper: from now on it renews while it holds at least one lease."""
         self._running = True
         if self._task is None and self._held:
             self._spawn()
+        for lease in list(self._owed.values()):
+            self.owe(lease)  # owed while stopped: sent again from now on
         return self
 
     def _spawn(self) -> None:
@@ -238,6 +301,12 @@ class LeaseKeeper:
 
     async def stop(self) -> None:
         self._running = False
+        owing, self._owing = self._owing, None
+        if owing is not None:  # an owed release left now runs out by itself
+            owing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await owing
+        self._owed.clear()
         if self._poll is not None:
             self._poll.cancel()
             with contextlib.suppress(asyncio.CancelledError):
