@@ -1,14 +1,14 @@
 """Array parameters of the batched hot-path statements, written in one pass by FlowX.
 
-The batched step commit, start and lease release (``commit.py``, ``creates.py``,
-``leases.py``) send every column as one array (``%(name)b``). psycopg's generic list dumper
-first scans each list for an element to choose a dumper by, then writes element by element
-through that dumper: in a cProfile of B7 at 64 in flight, that was about a tenth of the
-engine's client CPU. These lists say their element type instead (``Texts``, ``Ints`` ...),
-and each is written straight into PostgreSQL's binary array format (what ``array_recv``
-reads): the same values, ``NULL`` elements and empty arrays included. A plain ``list`` still
-goes through psycopg as before; the types are registered on psycopg's global adapters, so
-every connection (FlowX's or a benchmark's) writes them alike.
+The batched step commit, start, lease release, suspend and signal delivery (``commit.py``,
+``creates.py``, ``leases.py``, ``suspends.py``, ``signals.py``) send every column as one array
+(``%(name)b``). psycopg's generic list dumper first scans each list for an element to choose a
+dumper by, then writes element by element through that dumper: in a cProfile of B7 at 64 in
+flight, that was about a tenth of the engine's client CPU. These lists say their element type
+instead (``Texts``, ``Ints`` ...), and each is written straight into PostgreSQL's binary array
+format (what ``array_recv`` reads): the same values, ``NULL`` elements and empty arrays
+included. A plain ``list`` still goes through psycopg as before; the types are registered on
+psycopg's global adapters, so every connection (FlowX's or a benchmark's) writes them alike.
 """
 
 from __future__ import annotations

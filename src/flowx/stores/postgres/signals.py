@@ -17,6 +17,7 @@ from typing import Any, Final, LiteralString
 
 from flowx.stores.columns import TERMINAL_STATES_SQL
 from flowx.stores.errors import InstanceFinished, UnknownInstance
+from flowx.stores.postgres.arrays import Ints, Texts, Times
 from flowx.stores.postgres.database import PostgresDatabase
 from flowx.stores.records import InstanceState, SignalReceipt
 
@@ -178,14 +179,14 @@ async def deliver_many(
 ) -> list[SignalReceipt | Exception]:
     """Each delivery's receipt, or the error it alone failed with (``UnknownInstance``,
     ``InstanceFinished``): one round trip for the batch."""
-    ids = [d.instance_id for d in batch]
-    params = {
+    ids = Texts([d.instance_id for d in batch])
+    params = {  # typed arrays (``arrays``), as the step commit's
         "ids": ids,
-        "names": [d.name for d in batch],
-        "keys": [d.key for d in batch],
-        "payloads": [d.payload for d in batch],
-        "limits": [d.limit for d in batch],
-        "nows": [d.now for d in batch],
+        "names": Texts([d.name for d in batch]),
+        "keys": Texts([d.key for d in batch]),
+        "payloads": Texts([d.payload for d in batch]),
+        "limits": Ints([d.limit for d in batch]),
+        "nows": Times([d.now for d in batch]),
     }
     async with db.connection() as conn:
         async with conn.pipeline(), conn.transaction():

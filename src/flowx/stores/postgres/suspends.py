@@ -14,6 +14,7 @@ from typing import Any, Final, LiteralString
 
 from flowx.stores.columns import TERMINAL_STATES_SQL
 from flowx.stores.errors import FencedOut, UnknownInstance
+from flowx.stores.postgres.arrays import BigInts, Ints, Texts, Times
 from flowx.stores.postgres.database import PostgresDatabase
 from flowx.stores.records import SuspendCommit
 
@@ -63,18 +64,18 @@ def batch_params(commits: list[SuspendCommit]) -> dict[str, Any]:
     for n, c in enumerate(commits, start=1):
         ords.extend([n] * len(c.consumed))
         seqs.extend(c.consumed)
-    return {
-        "ids": [c.instance_id for c in commits],
-        "tokens": [c.token for c in commits],
-        "wake_ats": [c.wake.at for c in commits],
-        "step_ids": [c.wake.step_id for c in commits],
-        "scopes": [c.wake.scope for c in commits],
-        "signals": [c.wake.signal for c in commits],
-        "children": [c.child for c in commits],
-        "state_bags": [c.state_bag for c in commits],
-        "nows": [c.now for c in commits],
-        "consumed_ords": ords,
-        "consumed_seqs": seqs,
+    return {  # typed arrays (``arrays``), as the step commit's
+        "ids": Texts([c.instance_id for c in commits]),
+        "tokens": BigInts([c.token for c in commits]),
+        "wake_ats": Times([c.wake.at for c in commits]),
+        "step_ids": Ints([c.wake.step_id for c in commits]),
+        "scopes": Texts([c.wake.scope for c in commits]),
+        "signals": Texts([c.wake.signal for c in commits]),
+        "children": Texts([c.child for c in commits]),
+        "state_bags": Texts([c.state_bag for c in commits]),
+        "nows": Times([c.now for c in commits]),
+        "consumed_ords": BigInts(ords),
+        "consumed_seqs": BigInts(seqs),
     }
 
 
