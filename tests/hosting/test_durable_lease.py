@@ -9,6 +9,7 @@ against a sub-second TTL hoping the machine is not loaded.
 from __future__ import annotations
 
 import asyncio
+import logging
 import types
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -126,29 +127,43 @@ async def test_a_lease_that_cannot_be_renewed_is_lost_before_it_could_expire(
 
 class _ReleasesFail:
     """The memory lease store, but its first ``failures`` releases go unanswered (a restart
-    of the store while a run hands its lease back)."""
+    of the store while a run hands its lease back); ``errors`` instead scripts what each
+    release in turn raises (``None``: it lands)."""
 
-    def __init__(self, inner: MemoryStores, failures: int) -> None:
+    def __init__(
+        self,
+        inner: MemoryStores,
+        failures: int = 0,
+        errors: list[BaseException | None] | None = None,
+    ) -> None:
         self.inner = inner.leases
-        self.failures = failures
+        self.script = errors or [flowx.JournalUnavailable("lease store restarting")] * failures
         self.calls = 0
+        self.gate: asyncio.Event | None = None
 
     async def renew_many(self, *args: Any, **kw: Any) -> Any:
         return await self.inner.renew_many(*args, **kw)
 
     async def release(self, *args: Any, **kw: Any) -> None:
         self.calls += 1
-        if self.calls <= self.failures:
-            raise flowx.JournalUnavailable("lease store restarting")
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.calls <= len(self.script) and (error := self.script[self.calls - 1]) is not None:
+            raise error
         await self.inner.release(*args, **kw)
 
 
-async def _kept(store: _ReleasesFail, iid: str, clock: FakeClock) -> tuple[DurableLease, Any]:
+def _keeper(store: _ReleasesFail, clock: FakeClock) -> LeaseKeeper:
+    return LeaseKeeper(store, ttl=TTL, renew_every=TTL / 3, clock=clock).start()  # type: ignore[arg-type]
+
+
+async def _kept(
+    store: _ReleasesFail, iid: str, clock: FakeClock, keeper: LeaseKeeper
+) -> DurableLease:
     """A lease held under a node's shared keeper, as a host holds every lease."""
     lease = await store.inner.acquire(iid, owner="n1", ttl=TTL, now=clock.now())
     assert lease is not None
-    keeper = LeaseKeeper(store, ttl=TTL, renew_every=TTL / 3, clock=clock).start()  # type: ignore[arg-type]
-    held = DurableLease(
+    return DurableLease(
         store,  # type: ignore[arg-type]
         lease,
         ttl=TTL,
@@ -156,17 +171,27 @@ async def _kept(store: _ReleasesFail, iid: str, clock: FakeClock) -> tuple[Durab
         clock=clock,
         keeper=keeper,
     ).start()
-    return held, keeper
+
+
+@pytest.fixture
+async def stopped() -> AsyncIterator[list[LeaseKeeper]]:
+    """Keepers stopped after the test, whether it passed or not (no task outlives it)."""
+    keepers: list[LeaseKeeper] = []
+    yield keepers
+    for keeper in keepers:
+        await keeper.stop()
 
 
 async def test_an_unanswered_release_is_sent_again_once_the_store_answers(
-    clock: FakeClock,
+    clock: FakeClock, stopped: list[LeaseKeeper]
 ) -> None:
     """A release lost to a store restart must not keep the instance from every other node for
     the rest of the TTL (a ``Pending`` start would wait 30 s): it is sent again and lands."""
     stores = MemoryStores()
     store = _ReleasesFail(stores, failures=3)
-    held, keeper = await _kept(store, "d", clock)
+    keeper = _keeper(store, clock)
+    stopped.append(keeper)
+    held = await _kept(store, "d", clock, keeper)
     await held.release()  # unanswered: the lease is still live in the store
     assert await stores.leases.acquire("d", owner="n2", ttl=TTL, now=clock.now()) is None
     assert keeper.owed == 1
@@ -175,15 +200,36 @@ async def test_an_unanswered_release_is_sent_again_once_the_store_answers(
     assert keeper.owed == 0
     taken = await stores.leases.acquire("d", owner="n2", ttl=TTL, now=clock.now())
     assert taken is not None and taken.token == 2
-    await keeper.stop()
 
 
-async def test_an_owed_release_stops_once_the_lease_has_run_out(clock: FakeClock) -> None:
+async def test_a_lease_held_for_several_ttls_is_still_released_again(
+    clock: FakeClock, stopped: list[LeaseKeeper]
+) -> None:
+    """Its renewals move the moment it would run out by itself: a run that held its lease for
+    longer than a TTL gets its unanswered release sent again too."""
+    stores = MemoryStores()
+    store = _ReleasesFail(stores, failures=1)
+    keeper = _keeper(store, clock)
+    stopped.append(keeper)
+    held = await _kept(store, "long", clock, keeper)
+    await pass_time(clock, 3 * TTL.total_seconds())  # renewed all along
+    assert keeper.rounds >= 6
+    await held.release()
+    await pass_time(clock, 1.0)
+    assert store.calls == 2
+    assert await stores.leases.acquire("long", owner="n2", ttl=TTL, now=clock.now()) is not None
+
+
+async def test_an_owed_release_stops_once_the_lease_has_run_out(
+    clock: FakeClock, stopped: list[LeaseKeeper]
+) -> None:
     """Never answered: it is given up once the lease has run out by itself, and the newer
     lease another node then takes is left alone."""
     stores = MemoryStores()
     store = _ReleasesFail(stores, failures=10**6)
-    held, keeper = await _kept(store, "e", clock)
+    keeper = _keeper(store, clock)
+    stopped.append(keeper)
+    held = await _kept(store, "e", clock, keeper)
     await held.release()
     await pass_time(clock, TTL.total_seconds() + 2)
     assert keeper.owed == 0
@@ -194,15 +240,84 @@ async def test_an_owed_release_stops_once_the_lease_has_run_out(clock: FakeClock
     await pass_time(clock, 5.0)
     assert store.calls == tried
     assert (await stores.leases.current("e")).owner == "n2"
-    await keeper.stop()
 
 
-async def test_a_stopped_keeper_sends_no_owed_release(clock: FakeClock) -> None:
+async def test_a_release_failing_on_something_else_is_given_up_and_the_keeper_stops_cleanly(
+    clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An error the store does not name as an outage (a driver error it did not translate,
+    a bug) is logged and not sent again; the other owed releases and the keeper's own stop
+    are not disturbed by it."""
+    stores = MemoryStores()
+    store = _ReleasesFail(
+        stores,
+        errors=[
+            flowx.JournalUnavailable("restarting"),
+            flowx.JournalUnavailable("restarting"),
+            RuntimeError("read-only after a failover"),
+            None,
+        ],
+    )
+    keeper = _keeper(store, clock)
+    other = await _kept(store, "held", clock, keeper)  # keeps the renewal loop running
+    first = await _kept(store, "g", clock, keeper)
+    second = await _kept(store, "h", clock, keeper)
+    with caplog.at_level(logging.ERROR, logger="flowx.lease"):
+        await first.release()
+        await second.release()
+        await pass_time(clock, 3.0)
+    assert store.calls == 4  # two unanswered; then one given up, one landed
+    assert keeper.owed == 0
+    assert "not released; it will expire" in caplog.text
+    assert "read-only after a failover" in caplog.text
+    await keeper.stop()  # does not raise
+    assert keeper.held == 1 and keeper._task is None
+    await other.release()
+
+
+async def test_a_stopping_node_gives_owed_releases_a_last_try(
+    clock: FakeClock, stopped: list[LeaseKeeper]
+) -> None:
     stores = MemoryStores()
     store = _ReleasesFail(stores, failures=1)
-    held, keeper = await _kept(store, "f", clock)
+    keeper = _keeper(store, clock)
+    stopped.append(keeper)
+    held = await _kept(store, "f", clock, keeper)
     await held.release()
-    await keeper.stop()  # the node shuts down: what is owed runs out by itself
+    await keeper.stop(owed_within=1.0)  # the drain's budget: sent once more, at once
+    assert store.calls == 2
+    assert keeper.owed == 0
+    assert await stores.leases.acquire("f", owner="n2", ttl=TTL, now=clock.now()) is not None
+
+
+async def test_a_stopped_keeper_sends_no_owed_release(
+    clock: FakeClock, stopped: list[LeaseKeeper]
+) -> None:
+    stores = MemoryStores()
+    store = _ReleasesFail(stores, failures=1)
+    keeper = _keeper(store, clock)
+    stopped.append(keeper)
+    held = await _kept(store, "f", clock, keeper)
+    await held.release()
+    await keeper.stop()  # no budget left: what is owed runs out by itself
     await pass_time(clock, 3.0)
     assert store.calls == 1
     assert keeper.owed == 0
+
+
+async def test_a_release_unanswered_while_the_keeper_stops_is_not_kept_owed(
+    clock: FakeClock, stopped: list[LeaseKeeper]
+) -> None:
+    store = _ReleasesFail(MemoryStores(), failures=1)
+    store.gate = asyncio.Event()
+    keeper = _keeper(store, clock)
+    stopped.append(keeper)
+    held = await _kept(store, "y", clock, keeper)
+    releasing = asyncio.create_task(held.release())
+    await asyncio.sleep(0)
+    await keeper.stop()
+    store.gate.set()
+    await releasing
+    assert keeper.owed == 0
+    await pass_time(clock, 3.0)
+    assert store.calls == 1

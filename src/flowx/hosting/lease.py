@@ -196,6 +196,11 @@ class DurableLease:
             await self._store.release(self._lease, now=self._keeper.clock.store_time())
         except FlowXError:
             return False
+        except Exception:
+            # Not an outage the store names (a driver error it did not translate, a bug):
+            # said loudly, and not sent again; the lease runs out by itself.
+            log.exception("lease on %s not released; it will expire", self.instance_id)
+            return True
         log.info("lease on %s released on a later try", self.instance_id)
         return True
 
@@ -264,10 +269,12 @@ class LeaseKeeper:
 
     def owe(self, lease: DurableLease) -> None:
         """Send ``lease``'s release again, soon and then every second at most, until it lands
-        or the lease has run out by itself. All owed releases go together (one batch on a
-        store that batches them)."""
+        or the lease has run out by itself. All owed releases go out together (one statement
+        on PostgreSQL and SQLite, which batch releases; a call each on Redis)."""
+        if not self._running:
+            return  # the node is stopping: the lease runs out by itself
         self._owed[id(lease)] = lease
-        if self._running and (self._owing is None or self._owing.done()):
+        if self._owing is None or self._owing.done():
             self._owing = asyncio.get_running_loop().create_task(
                 self._release_owed(), name="flowx-lease-releases", context=contextvars.Context()
             )
@@ -277,19 +284,21 @@ class LeaseKeeper:
         while self._owed:
             await asyncio.sleep(delay)
             delay = min(delay * 2, _OWED_RETRY_CAP)
-            owed = list(self._owed.items())
-            done = await asyncio.gather(*(lease._release_again() for _, lease in owed))
-            for (key, _), settled in zip(owed, done, strict=True):
-                if settled:
-                    del self._owed[key]
+            await self._release_round()
+
+    async def _release_round(self) -> None:
+        """Send every owed release once; forget those that landed or ran out."""
+        owed = list(self._owed.items())
+        done = await asyncio.gather(*(lease._release_again() for _, lease in owed))
+        for (key, _), settled in zip(owed, done, strict=True):
+            if settled:
+                self._owed.pop(key, None)
 
     def start(self) -> LeaseKeeper:
         """Arm the keeper: from now on it renews while it holds at least one lease."""
         self._running = True
         if self._task is None and self._held:
             self._spawn()
-        for lease in list(self._owed.values()):
-            self.owe(lease)  # owed while stopped: sent again from now on
         return self
 
     def _spawn(self) -> None:
@@ -299,13 +308,19 @@ class LeaseKeeper:
             self._run(), name="flowx-lease-keeper", context=contextvars.Context()
         )
 
-    async def stop(self) -> None:
+    async def stop(self, *, owed_within: float = 0.0) -> None:
+        """Stop renewing. Releases still owed get one last try, for at most ``owed_within``
+        seconds (a draining node's budget); what is still owed then runs out by itself."""
         self._running = False
         owing, self._owing = self._owing, None
-        if owing is not None:  # an owed release left now runs out by itself
+        if owing is not None:
             owing.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await owing
+        if self._owed and owed_within > 0:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(owed_within):
+                    await self._release_round()
         self._owed.clear()
         if self._poll is not None:
             self._poll.cancel()
@@ -360,6 +375,8 @@ class LeaseKeeper:
             # Unanswered is not refused: keep trying until each lease runs out locally.
             now = time.monotonic()
             for held in due:
+                # It may have landed: the lease may then live until this round's send + TTL.
+                held._runs_out = max(held._runs_out, sent + self._ttl.total_seconds())
                 if held._expired_locally(now, f"renewal failed until the lease ran out: {exc}"):
                     log.warning("lease on %s lost: %s", held.instance_id, held._lost)
             log.warning("%d lease(s) not renewed (%s); retrying", len(due), exc)

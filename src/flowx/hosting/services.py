@@ -264,8 +264,10 @@ class NodeServices:
         await self.stop_outbox(left())
         await self.stop_clock_watch()
         if ctx.keeper is not None:
-            # Every run has released its lease by now (each in its own ``finally``).
-            await ctx.keeper.stop()
+            # Every run has released its lease by now (each in its own ``finally``); a
+            # release the store did not answer gets a last try within the budget (2 s at
+            # most: a store still down must not hold up the exit).
+            await ctx.keeper.stop(owed_within=min(left(), 2.0))
             ctx.keeper = None
         if ctx.store is not None and ctx.store_ready:
             await ctx.store.close()
