@@ -3,7 +3,8 @@
 Three measurements through the real engine on a real store:
 
 - **park**: N instances run one step and seal themselves ``Suspended`` on a signal; instances
-  parked per second.
+  parked per second. Before it, untimed, as many instances as run at once are parked and
+  signalled to their end, so no store is timed while it opens its connections.
 - **signal**: each one is sent its signal (``host.signal``, concurrently) and runs to the end;
   signals per second. Then, on an idle node, 50 signals one at a time: the latency from the
   ``signal`` call to the wait's own journal row.
@@ -168,6 +169,18 @@ async def _signal_latency(host: flowx.FlowHost, ids: list[str]) -> list[float]:
     return out
 
 
+async def _warm(host: flowx.FlowHost, start: Any, count: int) -> None:
+    """Untimed, on both stores alike: ``count`` instances parked at once and signalled to
+    their end, so the timed phases find the node as it runs for good (its connections open
+    and their statements prepared), not as it opens."""
+    before, after = "bench.wait.signal:before", "bench.wait.signal:after"
+    parked, ended = PROGRESS.counts[before] + count, PROGRESS.counts[after] + count
+    ids = list(await asyncio.gather(*(start(-1 - n, signalled) for n in range(count))))
+    await _phase(host, before, parked)
+    await asyncio.gather(*(host.signal(i, "go", Go(at=time.time())) for i in ids))
+    await _phase(host, after, ended)
+
+
 async def run(url: str, instances: int, sleep_s: float, concurrency: int) -> dict[str, Any]:
     plan_sleep = sleeper(sleep_s)
     settings = flowx.HostSettings(max_concurrent_flows=max(concurrency, 64))
@@ -185,6 +198,7 @@ async def run(url: str, instances: int, sleep_s: float, concurrency: int) -> dic
                 return (await host.start(plan, Job(n=n))).instance_id
 
         before, after = "bench.wait.signal:before", "bench.wait.signal:after"
+        await _warm(host, start, concurrency)
         target = PROGRESS.counts[before] + instances
         ids = list(await asyncio.gather(*(start(n, signalled) for n in range(instances))))
         await _phase(host, before, target)
