@@ -275,34 +275,24 @@ async def test_a_release_failing_on_something_else_is_given_up_and_the_keeper_st
     await other.release()
 
 
-async def test_a_stopping_node_gives_owed_releases_a_last_try(
-    clock: FakeClock, stopped: list[LeaseKeeper]
+@pytest.mark.parametrize("budget", [1.0, 0.0], ids=["drain-budget", "no-budget"])
+async def test_a_stopping_node_gives_owed_releases_one_last_try_within_its_budget(
+    clock: FakeClock, stopped: list[LeaseKeeper], budget: float
 ) -> None:
+    """With time left in the drain an owed release is sent once more, at once; with none,
+    it is not sent again: the lease runs out by itself."""
     stores = MemoryStores()
     store = _ReleasesFail(stores, failures=1)
     keeper = _keeper(store, clock)
     stopped.append(keeper)
     held = await _kept(store, "f", clock, keeper)
     await held.release()
-    await keeper.stop(owed_within=1.0)  # the drain's budget: sent once more, at once
-    assert store.calls == 2
-    assert keeper.owed == 0
-    assert await stores.leases.acquire("f", owner="n2", ttl=TTL, now=clock.now()) is not None
-
-
-async def test_a_stopped_keeper_sends_no_owed_release(
-    clock: FakeClock, stopped: list[LeaseKeeper]
-) -> None:
-    stores = MemoryStores()
-    store = _ReleasesFail(stores, failures=1)
-    keeper = _keeper(store, clock)
-    stopped.append(keeper)
-    held = await _kept(store, "f", clock, keeper)
-    await held.release()
-    await keeper.stop()  # no budget left: what is owed runs out by itself
+    await keeper.stop(owed_within=budget)
     await pass_time(clock, 3.0)
-    assert store.calls == 1
+    assert store.calls == (2 if budget else 1)
     assert keeper.owed == 0
+    taken = await stores.leases.acquire("f", owner="n2", ttl=TTL, now=clock.now())
+    assert (taken is not None) == bool(budget)
 
 
 async def test_a_release_unanswered_while_the_keeper_stops_is_not_kept_owed(
