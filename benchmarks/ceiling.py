@@ -37,8 +37,8 @@ schema migrated by FlowX itself (dropped at the end):
 ``--loop uvloop`` runs the engine arms on uvloop (a measured-only dependency); the raw arms
 stay on asyncio.
 
-The raw arms warm up with one flow alone and then C at once (every connection's statements
-prepared); the engine arms warm up as B7 does (one flow). Each run is checked afterwards: every
+Every arm warms up alike, untimed: one flow alone and then C at once (every connection's
+statements prepared, lone and batched). Each run is checked afterwards: every
 instance Completed with its step rows, every lease released.
 
     python -m benchmarks.ceiling --store postgresql://postgres@127.0.0.1:5432/test
@@ -187,10 +187,14 @@ async def engine_level(
             instances,
             concurrency,
             make_store=lambda _: AsyncpgStores(plain(url), schema=schema),
+            warm_together=True,
         )
     else:
-        result = await run_level(with_schema(url, schema), make_plan(steps), instances, concurrency)
-    result["check"] = await check(url, schema, instances + 1, steps)
+        result = await run_level(
+            with_schema(url, schema), make_plan(steps), instances, concurrency, warm_together=True
+        )
+    warm = 1 + (concurrency if concurrency > 1 else 0)
+    result["check"] = await check(url, schema, instances + warm, steps)
     return result
 
 

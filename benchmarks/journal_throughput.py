@@ -94,9 +94,14 @@ async def run_level(
     concurrency: int,
     *,
     make_store: Callable[[str], Any] = flowx.from_url,
+    warm_together: bool = False,
 ) -> dict[str, Any]:
     """One level of B7 on the store ``make_store`` builds from ``url`` (FlowX's own by
-    default; ``benchmarks.ceiling``'s engine-asyncpg arm gives its own)."""
+    default; ``benchmarks.ceiling``'s engine-asyncpg arm gives its own).
+
+    Before the clock starts, one flow runs alone; with ``warm_together`` (the ceiling, whose
+    raw arms warm up so), ``concurrency`` more then run at once, so every batch lane's
+    connection has its batched statements prepared before the timed flows need them."""
     stores = TimedStores(make_store(url))
     settings = flowx.HostSettings(max_concurrent_flows=concurrency)
     async with flowx.FlowHost(
@@ -112,6 +117,8 @@ async def run_level(
                 await handle.result(poll=0.001)
 
         await one(-1)  # warm-up: schema, statement cache, first connection
+        if warm_together and concurrency > 1:
+            await asyncio.gather(*(one(-2 - n) for n in range(concurrency)))
         stores.journal.latencies.clear()
         started = time.perf_counter()
         await asyncio.gather(*(one(n) for n in range(instances)))

@@ -189,8 +189,6 @@ async def run(url: str, instances: int, sleep_s: float, concurrency: int) -> dic
     ) as host:
         assert host.store is not None
         # park
-        started = time.perf_counter()
-        ids: list[str] = []
         sem = asyncio.Semaphore(concurrency)
 
         async def start(n: int, plan: flowx.Plan) -> str:
@@ -199,6 +197,7 @@ async def run(url: str, instances: int, sleep_s: float, concurrency: int) -> dic
 
         before, after = "bench.wait.signal:before", "bench.wait.signal:after"
         await _warm(host, start, concurrency)
+        started = time.perf_counter()
         target = PROGRESS.counts[before] + instances
         ids = list(await asyncio.gather(*(start(n, signalled) for n in range(instances))))
         await _phase(host, before, target)
