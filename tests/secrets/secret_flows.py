@@ -6,6 +6,7 @@ emitted event (R9.8, R5.1)."""
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from pydantic import BaseModel, SecretStr
 
@@ -142,4 +143,42 @@ approve_twice = (
     .build()
 )
 
-FLOWS = [pay, checkout, approve, approve_twice]
+
+@flowx.capability("pay.part_reference", version="1")
+async def part_reference(ctx: flowx.StepContext, part: str) -> str:
+    return f"part-{part}-{CANARY}"
+
+
+class CollectState(BaseModel):
+    #: Each element gives back plain values; only the fields the for_eaches collect them
+    #: into say they are sensitive — and so every row that journals one must be sealed.
+    references: flowx.Sensitive[list[Any]] = []
+    approvals: flowx.Sensitive[list[Approval]] = []
+
+
+#: What a for_each body gives back reaches the collected list through a fork (each branch's
+#: last value), a nested for_each (its body's) and a wait (the signal's payload).
+collect = (
+    flowx.flow("pay.collect", version="1", input=Payment, state=CollectState)
+    .for_each(
+        "parts",
+        lambda p, s: ["a", "b"],
+        lambda body: body.fork(
+            "both",
+            lambda b: b.step(part_reference, name="left"),
+            lambda b: b.for_each(
+                "inner", lambda part, s: [part], lambda i: i.step(part_reference, name="right")
+            ),
+        ),
+        into="references",
+    )
+    .for_each(
+        "approvals",
+        lambda p, s: ["x"],
+        lambda body: body.await_signal("part_ok", Approval, timeout="1h"),
+        into="approvals",
+    )
+    .build()
+)
+
+FLOWS = [pay, checkout, approve, approve_twice, collect]

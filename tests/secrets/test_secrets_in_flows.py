@@ -227,6 +227,32 @@ async def test_a_signal_bound_for_a_sealed_field_is_sealed_in_the_inbox_and_in_i
     assert f"note-{CANARY}".encode() not in stored and stored.count(MARK.encode()) >= 3
 
 
+async def test_what_a_for_each_collects_into_a_sealed_field_is_sealed_in_every_row(
+    journal: tuple[str, Callable[[], Any], Callable[[], bytes]], hosts: Callable[..., Any]
+) -> None:
+    """R9.8: the body's steps and its wait have no ``into`` of their own; their values reach
+    a sealed field only through the for_each that collects them (through a fork and a nested
+    for_each too). Their rows, and the awaited signal in the inbox, are sealed all the same."""
+    _, store, dump = journal
+    host = await hosts(store())
+    handle = await host.start("pay.collect", _payment("o-12"))
+    await host.wait_idle(timeout=10)
+    note = json.dumps({"note": f"note-{CANARY}"})
+    assert (await host.signal(handle.instance_id, "part_ok", note)).status == "woken"
+    state = await handle.result(timeout=10)
+    a, b = f"part-a-{CANARY}", f"part-b-{CANARY}"
+    assert state.references == [[a, [a]], [b, [b]]]
+    assert [x.note for x in state.approvals] == [f"note-{CANARY}"]
+    await host.wait_idle(timeout=5)
+    stored = dump()
+    for secret in (a, b, f"note-{CANARY}"):
+        assert secret.encode() not in stored, secret
+    rows = await host.store.journal.steps(handle.instance_id)
+    collected = [r for r in rows if r.step_name in ("left", "right", "part_ok")]
+    assert sorted(r.step_name for r in collected) == ["left", "left", "part_ok", "right", "right"]
+    assert all(MARK in r.result for r in collected), [(r.step_name, r.result) for r in collected]
+
+
 async def test_flowx_signal_says_what_is_wrong_with_a_payload_bound_for_a_sealed_field(
     tmp_path: Path, hosts: Callable[..., Any]
 ) -> None:

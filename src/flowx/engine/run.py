@@ -28,7 +28,7 @@ from flowx.engine.ports import RunPorts
 from flowx.engine.spec import RunSpec
 from flowx.engine.stops import StopWatch
 from flowx.errors import CapabilityNotFound, CapabilityVersionMissing, FlowXError
-from flowx.plan.model import EmitNode, Node, StepNode, SubFlowNode
+from flowx.plan.model import EmitNode, Node, StepNode, SubFlowNode, bound_for
 from flowx.sealing import sealed_fields
 from flowx.stores.errors import FencedOut, LeaseLost
 from flowx.stores.records import EventWrite, InstanceState, Outcome, StepRecord, StepWrite, Wake
@@ -77,7 +77,8 @@ class Run:
         # The state as last written (a commit, a transition, a seal), with its encoding: the
         # run's result reuses it rather than encoding the same state again as the instance ends.
         self._encoded: tuple[BaseModel, str] | None = None
-        self._sealed = sealed_fields(plan.state_model)
+        # The nodes whose value is bound for a sealed state field (none, for most plans).
+        self._sealed = bound_for(plan.body, sealed_fields(plan.state_model))
         self.executed = 0
         self.replayed = 0
         self.last_wake = spec.last_wake
@@ -275,11 +276,12 @@ class Run:
             return encoded[1]
         return codec.dumps(self.state, root="state")
 
-    def seals(self, into: str | None) -> bool:
-        """Whether a value bound for state field ``into`` is sealed there, and so must be
-        sealed whole in the row that journals it too (R9.8): a capability that returns a plain
-        ``str`` into a ``Sensitive[str]`` field would otherwise leave it in the clear."""
-        return into is not None and into in self._sealed
+    def seals(self, node: Node) -> bool:
+        """Whether ``node``'s value is bound for a sealed state field — its own ``into``, or
+        a for_each's that collects it — and so must be sealed whole in the row that journals
+        it too (R9.8): a capability that returns a plain ``str`` into a ``Sensitive[str]``
+        field would otherwise leave it in the clear."""
+        return node.step_id in self._sealed
 
     def applied(self, into: str | None, value: Any) -> BaseModel:
         """The state with ``value`` in field ``into`` (validated), not yet committed.

@@ -13,7 +13,7 @@ from pydantic import BaseModel
 
 from flowx import codec
 from flowx.errors import InputInvalid, InputUnstorable, SerialisationError, SignalPayloadUnstorable
-from flowx.plan.model import AwaitSignalNode, Plan, walk
+from flowx.plan.model import AwaitSignalNode, Plan, bound_for, walk
 from flowx.sealing import MARK, Sealing, sealed_fields
 from flowx.stores.records import InstanceRecord
 
@@ -97,11 +97,12 @@ def signal_payload(plan: Plan, name: str, value: Any, *, key: str | None) -> str
 
 
 def _into_sealed(plan: Plan, name: str) -> bool:
-    """Whether a wait for signal ``name`` puts its payload into a sealed state field: then
-    the payload is sealed whole in the inbox as well, whatever its own type declares (R9.8)."""
-    sealed = sealed_fields(plan.state_model)
+    """Whether a wait for signal ``name`` puts its payload into a sealed state field (its own
+    ``into``, or a for_each's that collects it): then the payload is sealed whole in the inbox
+    as well, whatever its own type declares (R9.8)."""
+    sealed = bound_for(plan.body, sealed_fields(plan.state_model))
     return bool(sealed) and any(
-        isinstance(node, AwaitSignalNode) and node.signal == name and node.into in sealed
+        isinstance(node, AwaitSignalNode) and node.signal == name and node.step_id in sealed
         for node in walk(plan.body)
     )
 

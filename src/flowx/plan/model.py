@@ -209,6 +209,40 @@ def walk(nodes: tuple[Node, ...]) -> Iterator[Node]:
             yield from walk(child)
 
 
+def bound_for(nodes: tuple[Node, ...], fields: frozenset[str]) -> frozenset[int]:
+    """The step ids of the nodes whose value ends up in one of the state ``fields``: each
+    node whose own ``into`` names one, and, in a for_each whose collected list goes into one,
+    each node whose value its body gives back for an element (``_given_back``). A value bound
+    for a sealed field is sealed in every row that journals it (R9.8): the engine asks this
+    of a plan's sealed fields."""
+    if not fields:
+        return frozenset()
+    found: set[int] = set()
+    for node in walk(nodes):
+        if getattr(node, "into", None) in fields:
+            found.add(node.step_id)
+            if isinstance(node, ForEachNode):
+                found.update(n.step_id for n in _given_back(node.body))
+    return frozenset(found)
+
+
+def _given_back(nodes: tuple[Node, ...]) -> Iterator[Node]:
+    """The nodes whose value a walk of ``nodes`` gives back: the last node's, and what makes
+    it up — a fork's value is the list of its branches' last values, a for_each's the list of
+    its body's, and an await_signal that timed out gives back its timeout path's."""
+    if not nodes:
+        return
+    last = nodes[-1]
+    yield last
+    if isinstance(last, ForkNode):
+        for branch in last.branches:
+            yield from _given_back(branch)
+    elif isinstance(last, ForEachNode):
+        yield from _given_back(last.body)
+    elif isinstance(last, AwaitSignalNode):
+        yield from _given_back(last.on_timeout)
+
+
 class NoState(BaseModel):
     """The state model of a flow that declares none."""
 

@@ -130,7 +130,7 @@ async def _child_completed(
     final = codec.validate_model(
         node.plan.state_model, child.state_bag, root="state", instance=child.instance_id
     )
-    text = codec.dumps(final, root="result", at=at, whole=run.seals(node.into))
+    text = codec.dumps(final, root="result", at=at, whole=run.seals(node))
     result = codec.loads(text, root="result", at=at)
     try:
         run.applied(node.into, result)

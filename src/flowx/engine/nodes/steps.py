@@ -159,7 +159,7 @@ async def _call_until_done(
             # R9.5: checked here, so an unstorable result fails this step, never the commit.
             whose = f"step {node.name!r}: the result of {cap.ref}"
             at = f"{scope}/{node.step_id}"
-            sealed = run.seals(node.into)
+            sealed = run.seals(node)
             text = codec.dumps(
                 raw, root="result", code=RESULT_UNSTORABLE, context=whose, at=at, whole=sealed
             )

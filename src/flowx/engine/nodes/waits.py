@@ -74,7 +74,7 @@ async def _take(
             at=at,
             # The payload alone: ``seq`` stays readable without keys (a replay's history,
             # admission and displays read it to know which signal this wait took).
-            whole="payload" if run.seals(node.into) else False,
+            whole="payload" if run.seals(node) else False,
         )
         value = codec.loads(text, root="result", at=at)["payload"]
         run.applied(node.into, value)  # it must fit its state field too

@@ -1,0 +1,53 @@
+"""Which nodes' values a plan binds for sealed state fields (R9.8): the engine seals each such
+node's row whole, and the host seals a signal awaited by one in the inbox."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+import flowx
+from flowx.plan.model import bound_for
+from tests.secrets.secret_flows import Approval, Payment, collect, part_reference
+
+
+def _ids(plan: flowx.Plan, *names: str) -> frozenset[int]:
+    return frozenset(n.step_id for n in plan.nodes() if n.name in names)
+
+
+def test_a_for_each_binds_what_its_body_gives_back_through_forks_and_nested_for_eaches() -> None:
+    fields = frozenset({"references", "approvals"})
+    assert bound_for(collect.body, fields) == _ids(
+        collect, "parts", "both", "left", "inner", "right", "approvals", "part_ok"
+    )
+    assert bound_for(collect.body, frozenset({"approvals"})) == _ids(
+        collect, "approvals", "part_ok"
+    )
+    assert bound_for(collect.body, frozenset()) == frozenset()
+
+
+class State(BaseModel):
+    kept: list[Any] = []
+    last: str | None = None
+
+
+def test_only_the_last_node_of_a_body_and_a_timeout_path_are_given_back() -> None:
+    plan = (
+        flowx.flow("bound.for", version="1", input=Payment, state=State)
+        .for_each(
+            "each",
+            lambda p, s: ["a"],
+            lambda body: body.step(part_reference, name="first", into="last").await_signal(
+                "ok",
+                Approval,
+                timeout="1h",
+                on_timeout=lambda t: t.step(part_reference, name="fallback"),
+            ),
+            into="kept",
+        )
+        .build()
+    )
+    # "first" feeds only its own field; the wait, or its timeout path, gives the element back.
+    assert bound_for(plan.body, frozenset({"kept"})) == _ids(plan, "each", "ok", "fallback")
+    assert bound_for(plan.body, frozenset({"last"})) == _ids(plan, "first")
