@@ -426,18 +426,38 @@ class Sealer:
         if isinstance(value, BaseModel):
             return self.model(value, plain, path)
         if isinstance(value, list | tuple) and isinstance(plain, list):
-            if not any(isinstance(v, _WALKED) for v in value):
+            if not any(_walked(v) for v in value):
                 return plain
             pairs = enumerate(zip(value, plain, strict=True))
             return [self.plain(v, p, f"{path}[{i}]") for i, (v, p) in pairs]
         if isinstance(value, dict) and isinstance(plain, dict):
-            if not any(isinstance(v, _WALKED) for v in value.values()):
+            if not any(_walked(v) for v in value.values()):
                 return plain
             return {
                 k: self.plain(value[k], p, f"{path}.{k}") if k in value else p
                 for k, p in plain.items()
             }
+        if _is_dataclass(value) and isinstance(plain, dict):
+            return self.dataclass(value, plain, path)
         return plain
+
+    def dataclass(self, value: Any, plain: dict[str, Any], path: str) -> Any:
+        """A dataclass's fields, walked as a model's members are: pydantic's form of one
+        holds ``"**********"`` for a ``SecretStr`` in it, and the secret would be lost."""
+        cls: Any = type(value)  # a class is hashable, whatever the dataclass guard narrowed
+        fields = _dataclass_members(cls)
+        if not fields:
+            return plain
+        out = dict(plain)
+        for name, seal in fields:
+            v = getattr(value, name)
+            if name not in out or v is None:
+                continue
+            where = f"{path}.{name}"
+            out[name] = self.plain(v, out[name], where)
+            if seal == SEAL_JSON:  # marked below its top level: sealed whole, as a member
+                out[name] = self.whole(out[name], where)
+        return out
 
     def model(self, value: BaseModel, plain: Any, path: str) -> Any:
         cls = type(value)
@@ -519,6 +539,37 @@ def redacted(value: Any, plain: Any, mark: str) -> Any:
 
 
 _WALKED: Final = (BaseModel, SecretStr, SecretBytes, list, tuple, dict)
+
+
+def _walked(value: Any) -> bool:
+    """Whether the sealer's walk must look inside ``value`` (or at it)."""
+    return isinstance(value, _WALKED) or _is_dataclass(value)
+
+
+def _is_dataclass(value: Any) -> bool:
+    return dataclasses.is_dataclass(value) and not isinstance(value, type)
+
+
+@functools.cache
+def _dataclass_members(cls: Any) -> tuple[tuple[str, str | None], ...]:
+    """The fields of dataclass ``cls`` the sealer must look at, with how each is sealed whole
+    (``SEAL_JSON``: marked ``Sensitive``) or ``None`` (walked: a secret type, a model or a
+    container that can hold one at some depth); none for a dataclass with nothing to seal."""
+    found: list[tuple[str, str | None]] = []
+    for name, hint in _plain_fields_named(cls).items():
+        seal = _is_sensitive(hint, ())
+        if seal == SEAL_JSON:
+            found.append((name, seal))
+        elif seal is not None or _reaches(hint, lambda c: bool(members(c)), set()):
+            found.append((name, None))
+    return tuple(found)
+
+
+def _plain_fields_named(cls: type) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(cls, include_extras=True)
+    except Exception:  # an unresolvable forward reference: pydantic has refused it already
+        return {}
 
 
 @functools.cache

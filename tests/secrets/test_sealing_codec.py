@@ -213,6 +213,49 @@ def test_a_mark_inside_a_dataclass_or_a_typeddict_seals_the_member_whole() -> No
     assert back == value
 
 
+@dataclasses.dataclass
+class PanSlip:
+    number: SecretStr
+    note: str = ""
+
+
+@dataclasses.dataclass
+class CardSlip:
+    number: SecretStr
+    pin: flowx.Sensitive[str] | None = None
+    note: str = ""
+
+
+class Drawer(BaseModel):
+    slip: PanSlip  # no mark in its type: not sealed whole, its secret sealed where it is
+    slips: list[PanSlip] = []
+
+
+def test_a_secret_inside_a_dataclass_is_sealed_not_stored_as_the_mask() -> None:
+    """Pydantic's form of a dataclass holds ``"**********"`` for its ``SecretStr``: the value
+    was lost. The sealer walks a dataclass's fields as a model's: in a model, in a list, and
+    as a value of its own (a step's result), where a field marked ``Sensitive`` is sealed."""
+    drawer = Drawer(
+        slip=PanSlip(number=SecretStr(CARD), note="kept readable"),
+        slips=[PanSlip(number=SecretStr("5500000000000004"))],
+    )
+    slip = CardSlip(number=SecretStr(CARD), pin="pin-2207", note="kept readable")
+    with codec.sealing(Sealing(_keys("k1"), "i-1")):
+        text = codec.dumps(drawer, root="state")
+        back = Drawer.model_validate(codec.loads(text, root="state"))
+        result = codec.dumps(slip, root="result", at="/1")
+        opened = codec.loads(result, root="result", at="/1")
+    for secret in (CARD, "5500000000000004", "pin-2207", MASK):
+        assert secret not in text and secret not in result, secret
+    assert "kept readable" in text and text.count(MARK) == 2
+    assert "kept readable" in result and result.count(MARK) == 2
+    assert back.slip.number.get_secret_value() == CARD
+    assert back.slips[0].number.get_secret_value() == "5500000000000004"
+    assert opened == {"number": CARD, "pin": "pin-2207", "note": "kept readable"}
+    with pytest.raises(SerialisationError, match=r"result\.number is sensitive"):
+        codec.dumps(slip, root="result", at="/1")  # without keys: refused, not masked
+
+
 class Wallet(BaseModel):
     card: flowx.Sensitive[Card]  # sealed whole, and the card's own secret inside it
 
