@@ -20,16 +20,13 @@ A flow that declares sensitive members is refused when the host has no keys
 
 from __future__ import annotations
 
-import base64
-import binascii
 import contextvars
 import dataclasses
 import functools
 import json
-import os
 import types
 import typing
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Final, TypeVar
 
@@ -37,17 +34,16 @@ from pydantic import BaseModel, SecretBytes, SecretStr
 from pydantic_core import to_jsonable_python
 from typing_extensions import is_typeddict  # the typing one misses typing_extensions.TypedDict
 
-from flowx.errors import FlowXError, SerialisationError
+from flowx.errors import SerialisationError
+from flowx.keyring import MARK as MARK
+from flowx.keyring import Keyring as Keyring
+from flowx.keyring import KeysError as KeysError
+from flowx.keyring import generate_key as generate_key
 
 T = TypeVar("T")
 
-#: The key an envelope is recognised by (it sorts first in canonical JSON).
-MARK: Final = "$flowx.sealed"
 #: What every display shows in place of a sensitive member.
 MASK: Final = "**********"
-#: The envelope's format version.
-_V1: Final = "v1"
-_NONCE: Final = 12
 
 
 class SensitiveMark:
@@ -61,105 +57,6 @@ SENSITIVE: Final = SensitiveMark()
 
 #: ``flowx.Sensitive[str]``: a member stored sealed and shown masked, of any JSON type.
 Sensitive = Annotated[T, SENSITIVE]
-
-
-class KeysError(FlowXError):
-    """A key that is missing, malformed, or unknown to an envelope."""
-
-
-@dataclass(frozen=True)
-class Keyring:
-    """AES-256-GCM keys by id; ``current`` seals, every key opens."""
-
-    keys: Mapping[str, bytes]
-    current: str
-
-    @classmethod
-    def parse(cls, text: str) -> Keyring:
-        """``"k2:<base64 32 bytes>,k1:<...>"``: the first key is the one new writes use."""
-        keys: dict[str, bytes] = {}
-        order: list[str] = []
-        for part in (p.strip() for p in text.split(",")):
-            if not part:
-                continue
-            key_id, sep, encoded = part.partition(":")
-            key_id = key_id.strip()
-            if not sep or not key_id or not key_id.isascii() or not key_id.isprintable():
-                raise KeysError(
-                    "encryption keys must be 'id:base64key' pairs separated by commas; "
-                    "make one with `flowx keys generate`",
-                    code="keys.malformed",
-                )
-            try:
-                raw = base64.b64decode(encoded.strip(), validate=True)
-            except (binascii.Error, ValueError):
-                raw = b""
-            if len(raw) != 32:
-                raise KeysError(
-                    f"encryption key {key_id!r} is not 32 bytes of base64 (AES-256); "
-                    "make one with `flowx keys generate`",
-                    code="keys.malformed",
-                )
-            if key_id in keys:
-                raise KeysError(f"encryption key {key_id!r} is given twice", code="keys.malformed")
-            keys[key_id] = raw
-            order.append(key_id)
-        if not order:
-            raise KeysError("no encryption key given", code="keys.malformed")
-        try:
-            import cryptography  # noqa: F401
-        except ImportError:
-            raise KeysError(
-                "encryption keys need the cryptography package: pip install 'flowx[crypto]'",
-                code="keys.no_crypto",
-            ) from None
-        return cls(keys=keys, current=order[0])
-
-    def seal(self, plaintext: bytes, kind: str, aad: str) -> dict[str, str]:
-        """An envelope of ``plaintext`` under the current key, bound to ``aad`` (a fresh
-        nonce each time: the same value sealed twice gives two texts)."""
-        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-
-        nonce = os.urandom(_NONCE)
-        data = AESGCM(self.keys[self.current]).encrypt(nonce, plaintext, aad.encode())
-        return {
-            MARK: _V1,
-            "k": self.current,
-            "t": kind,
-            "n": base64.b64encode(nonce).decode(),
-            "c": base64.b64encode(data).decode(),
-        }
-
-    def open(self, envelope: Mapping[str, Any], aad: str) -> bytes:
-        """The plaintext of ``envelope``, under whichever configured key sealed it;
-        ``KeysError`` if that key is gone or the envelope was altered or moved."""
-        from cryptography.exceptions import InvalidTag
-        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-
-        key_id = str(envelope.get("k"))
-        key = self.keys.get(key_id)
-        if key is None:
-            raise KeysError(
-                f"a sealed value was written under key {key_id!r}, which is not configured; "
-                "add it back to encryption_keys (after the current key) to read it",
-                code="keys.unknown",
-            )
-        try:
-            nonce = base64.b64decode(str(envelope["n"]))
-            data = base64.b64decode(str(envelope["c"]))
-            return AESGCM(key).decrypt(nonce, data, aad.encode())
-        except (InvalidTag, KeyError, binascii.Error, ValueError) as exc:
-            shown = aad.replace("\x1f", " / ")
-            raise KeysError(
-                f"a sealed value under key {key_id!r} does not open at {shown}: it was "
-                "altered, or moved from another instance or field",
-                code="keys.tampered",
-            ) from exc
-
-
-def generate_key() -> str:
-    """A fresh AES-256 key, base64."""
-    return base64.b64encode(os.urandom(32)).decode()
 
 
 @dataclass
@@ -265,9 +162,16 @@ def members(cls: type[BaseModel]) -> tuple[Member, ...]:
 
 @functools.cache
 def sealed_fields(cls: type[BaseModel]) -> frozenset[str]:
-    """The fields of ``cls`` that are sealed (by name): a value bound for one is sensitive
-    wherever else it is kept, a step's result row first of all."""
-    return frozenset(m.name for m in members(cls) if m.seal)
+    """The fields of ``cls`` (by name) that are sealed, or whose declared type can hold a
+    sealed member at some depth (``list[SecretStr]``, a model with a secret): a value bound
+    for one is sensitive wherever else it is kept, a step's result row first of all — which
+    may hold it in another shape (a plain ``str`` where the field holds a ``SecretStr``)."""
+    sealed = {m.name for m in members(cls) if m.seal}
+    return frozenset(
+        name
+        for name, info in cls.model_fields.items()
+        if name in sealed or declares_sensitive(info.annotation)
+    )
 
 
 def declares_sensitive(tp: Any) -> bool:
@@ -426,37 +330,35 @@ class Sealer:
         if isinstance(value, BaseModel):
             return self.model(value, plain, path)
         if isinstance(value, list | tuple) and isinstance(plain, list):
-            if not any(_walked(v) for v in value):
+            if not _any_walked(value):
                 return plain
             pairs = enumerate(zip(value, plain, strict=True))
             return [self.plain(v, p, f"{path}[{i}]") for i, (v, p) in pairs]
         if isinstance(value, dict) and isinstance(plain, dict):
-            if not any(_walked(v) for v in value.values()):
+            if not _any_walked(value.values()):
                 return plain
             return {
                 k: self.plain(value[k], p, f"{path}.{k}") if k in value else p
                 for k, p in plain.items()
             }
-        if _is_dataclass(value) and isinstance(plain, dict):
+        if isinstance(plain, dict) and _dataclass_fields(type(value)):
             return self.dataclass(value, plain, path)
         return plain
 
     def dataclass(self, value: Any, plain: dict[str, Any], path: str) -> Any:
         """A dataclass's fields, walked as a model's members are: pydantic's form of one
         holds ``"**********"`` for a ``SecretStr`` in it, and the secret would be lost."""
-        cls: Any = type(value)  # a class is hashable, whatever the dataclass guard narrowed
-        fields = _dataclass_members(cls)
-        if not fields:
-            return plain
         out = dict(plain)
-        for name, seal in fields:
-            v = getattr(value, name)
-            if name not in out or v is None:
+        for name, key, seal in _dataclass_fields(type(value)):
+            if key not in out:
                 continue
-            where = f"{path}.{name}"
-            out[name] = self.plain(v, out[name], where)
+            v = getattr(value, name, None)
+            if v is None:
+                continue
+            where = f"{path}.{key}"
+            out[key] = self.plain(v, out[key], where)
             if seal == SEAL_JSON:  # marked below its top level: sealed whole, as a member
-                out[name] = self.whole(out[name], where)
+                out[key] = self.whole(out[key], where)
         return out
 
     def model(self, value: BaseModel, plain: Any, path: str) -> Any:
@@ -541,35 +443,66 @@ def redacted(value: Any, plain: Any, mark: str) -> Any:
 _WALKED: Final = (BaseModel, SecretStr, SecretBytes, list, tuple, dict)
 
 
-def _walked(value: Any) -> bool:
-    """Whether the sealer's walk must look inside ``value`` (or at it)."""
-    return isinstance(value, _WALKED) or _is_dataclass(value)
+def _any_walked(values: Iterable[Any]) -> bool:
+    """Whether the sealer's walk must look inside (or at) any of ``values``: a type check
+    per value, then one dict lookup per value of another class (a dataclass, a datetime)."""
+    known = _DATACLASSES
+    for v in values:
+        cls = type(v)
+        if cls in _LEAVES:
+            continue
+        if isinstance(v, _WALKED):
+            return True
+        found = known.get(cls)
+        if found is None:
+            found = _dataclass_fields(cls)
+        if found:
+            return True
+    return False
 
 
-def _is_dataclass(value: Any) -> bool:
-    return dataclasses.is_dataclass(value) and not isinstance(value, type)
+#: Values the walk never looks into.
+_LEAVES: Final = frozenset({str, int, float, bool, type(None)})
 
 
-@functools.cache
-def _dataclass_members(cls: Any) -> tuple[tuple[str, str | None], ...]:
-    """The fields of dataclass ``cls`` the sealer must look at, with how each is sealed whole
-    (``SEAL_JSON``: marked ``Sensitive``) or ``None`` (walked: a secret type, a model or a
-    container that can hold one at some depth); none for a dataclass with nothing to seal."""
-    found: list[tuple[str, str | None]] = []
-    for name, hint in _plain_fields_named(cls).items():
-        seal = _is_sensitive(hint, ())
-        if seal == SEAL_JSON:
-            found.append((name, seal))
-        elif seal is not None or _reaches(hint, lambda c: bool(members(c)), set()):
-            found.append((name, None))
-    return tuple(found)
+DataclassField = tuple[str, str, str | None]
+#: Per class, what ``_dataclass_members`` says of it: ``()`` for any class that is not a
+#: dataclass or has nothing to seal (one dict lookup per value walked).
+_DATACLASSES: dict[type, tuple[DataclassField, ...]] = {}
 
 
-def _plain_fields_named(cls: type) -> dict[str, Any]:
+def _dataclass_fields(cls: type) -> tuple[DataclassField, ...]:
+    found = _DATACLASSES.get(cls)
+    if found is None:
+        found = _dataclass_members(cls) if dataclasses.is_dataclass(cls) else ()
+        _DATACLASSES[cls] = found
+    return found
+
+
+def _dataclass_members(cls: Any) -> tuple[DataclassField, ...]:
+    """The fields of dataclass ``cls`` the sealer must look at — by name, stored key (a
+    pydantic dataclass's alias) and ``SEAL_JSON`` when marked ``Sensitive`` (sealed whole),
+    else ``None`` (walked: a secret type, a model or a container that can hold one); none for
+    a dataclass with nothing to seal. Where its annotations cannot be resolved, every field is
+    walked: the walk still finds each secret by its value."""
     try:
-        return typing.get_type_hints(cls, include_extras=True)
-    except Exception:  # an unresolvable forward reference: pydantic has refused it already
-        return {}
+        hints = typing.get_type_hints(cls, include_extras=True)
+    except Exception:  # e.g. a forward reference to a class local to a function
+        hints = None
+    infos = getattr(cls, "__pydantic_fields__", None) or {}
+    found: list[DataclassField] = []
+    for f in dataclasses.fields(cls):
+        info = infos.get(f.name)
+        key = (info.serialization_alias or info.alias or f.name) if info else f.name
+        if hints is None or f.name not in hints:
+            found.append((f.name, key, None))
+            continue
+        seal = _is_sensitive(hints[f.name], ())
+        if seal == SEAL_JSON:
+            found.append((f.name, key, seal))
+        elif seal is not None or _reaches(hints[f.name], lambda c: bool(members(c)), set()):
+            found.append((f.name, key, None))
+    return tuple(found)
 
 
 @functools.cache

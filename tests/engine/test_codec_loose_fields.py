@@ -12,7 +12,7 @@ from typing import Annotated, Any, Optional
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
-from flowx import codec
+from flowx import codec, codec_checks
 from flowx.errors import SerialisationError
 
 
@@ -102,6 +102,8 @@ def test_a_model_with_no_loose_field_is_not_walked() -> None:
     class PlainRecord:
         n: int = 0
 
-    assert not codec._has_loose_fields(Plain) and not codec._has_loose_fields(PlainRecord)
-    assert codec._has_loose_fields(Outer) and codec._has_loose_fields(Extra)
-    assert codec._has_loose_fields(Record) and codec._has_loose_fields(Holder)
+    assert not codec_checks.has_loose_fields(Plain) and not codec_checks.has_loose_fields(
+        PlainRecord
+    )
+    assert codec_checks.has_loose_fields(Outer) and codec_checks.has_loose_fields(Extra)
+    assert codec_checks.has_loose_fields(Record) and codec_checks.has_loose_fields(Holder)

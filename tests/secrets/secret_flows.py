@@ -154,6 +154,8 @@ class CollectState(BaseModel):
     #: into say they are sensitive — and so every row that journals one must be sealed.
     references: flowx.Sensitive[list[Any]] = []
     approvals: flowx.Sensitive[list[Approval]] = []
+    #: No mark: the secret type is the elements' — the body's rows hold plain ``str``s.
+    tokens: list[SecretStr] = []
 
 
 #: What a for_each body gives back reaches the collected list through a fork (each branch's
@@ -177,6 +179,12 @@ collect = (
         lambda p, s: ["x"],
         lambda body: body.await_signal("part_ok", Approval, timeout="1h"),
         into="approvals",
+    )
+    .for_each(
+        "tokens",
+        lambda p, s: ["t"],
+        lambda body: body.step(part_reference, name="token"),
+        into="tokens",
     )
     .build()
 )

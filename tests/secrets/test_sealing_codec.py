@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from typing import Any, ClassVar
 
+import pydantic
 import pytest
 from pydantic import BaseModel, Field, SecretBytes, SecretStr
 from typing_extensions import TypedDict
@@ -254,6 +256,76 @@ def test_a_secret_inside_a_dataclass_is_sealed_not_stored_as_the_mask() -> None:
     assert opened == {"number": CARD, "pin": "pin-2207", "note": "kept readable"}
     with pytest.raises(SerialisationError, match=r"result\.number is sensitive"):
         codec.dumps(slip, root="result", at="/1")  # without keys: refused, not masked
+
+
+class Base:
+    token: SecretStr  # an annotation of a base class, not a field
+
+
+@dataclasses.dataclass
+class WithClassVar(Base):
+    number: SecretStr
+    default: ClassVar[SecretStr] = SecretStr("not-a-field")
+
+
+@pydantic.dataclasses.dataclass
+class Aliased:
+    number: SecretStr = Field(serialization_alias="num")
+
+
+def test_a_dataclass_walk_keeps_to_its_fields_their_stored_keys_and_unresolved_types() -> None:
+    """Class variables and a base class's annotations are not fields; a pydantic dataclass
+    stores a field under its alias; a field type that cannot be resolved (a class local to a
+    function) is walked by its value. Each secret is sealed, none stored as the mask."""
+
+    class Local(BaseModel):
+        number: SecretStr
+
+    @dataclasses.dataclass
+    class Holder:
+        inner: Local  # resolved from within the function only: get_type_hints fails
+
+    values = (
+        WithClassVar(number=SecretStr(CARD)),
+        Aliased(number=SecretStr(CARD)),
+        Holder(inner=Local(number=SecretStr(CARD))),
+    )
+    with codec.sealing(Sealing(_keys("k1"), "i-1")):
+        for value in values:
+            text = codec.dumps(value, root="result", at="/1")
+            assert CARD not in text and MASK not in text and text.count(MARK) == 1, text
+            assert CARD in json.dumps(codec.loads(text, root="result", at="/1")), text
+        assert '"num"' in codec.dumps(values[1], root="result", at="/1")
+
+
+class Loose(BaseModel):
+    anything: Any = None
+    bag: dict = {}  # a bare dict: pydantic guesses how to store what it holds
+    items: list = []
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        (Loose(anything=SecretStr(CARD)), "state.anything holds a SecretStr where"),
+        (Loose(bag={"pin": SecretBytes(b"1234")}), "state.bag.pin holds a SecretBytes where"),
+        (Loose(items=[1, Card(pan=CARD)]), "state.items[1] holds Card, which has a secret in"),
+        (Loose(bag={"seen": {1, 2}}), "state.bag.seen is a set"),
+    ],
+    ids=["Any", "bare dict", "model in a bare list", "a set in a bare dict"],
+)
+def test_what_no_declared_type_covers_is_refused_rather_than_stored_changed(
+    value: Loose, says: str
+) -> None:
+    """R9.5: pydantic serialises a part no declared type covers by its guess — a secret as
+    its mask, the value lost; a set as a list. Refused, naming the part, keys or not."""
+    with codec.sealing(Sealing(_keys("k1"), "i-1")), pytest.raises(SerialisationError) as refused:
+        codec.dumps(value, root="state")
+    assert str(refused.value).startswith(says), refused.value
+    plain = Loose(anything={"a": [1, "b"]}, bag={"n": None}, items=[1.5, "x"])
+    assert codec.dumps(plain, root="state") == (
+        '{"anything":{"a":[1,"b"]},"bag":{"n":null},"items":[1.5,"x"]}'
+    )
 
 
 class Wallet(BaseModel):

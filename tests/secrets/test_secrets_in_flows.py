@@ -240,17 +240,22 @@ async def test_what_a_for_each_collects_into_a_sealed_field_is_sealed_in_every_r
     note = json.dumps({"note": f"note-{CANARY}"})
     assert (await host.signal(handle.instance_id, "part_ok", note)).status == "woken"
     state = await handle.result(timeout=10)
-    a, b = f"part-a-{CANARY}", f"part-b-{CANARY}"
+    a, b, t = f"part-a-{CANARY}", f"part-b-{CANARY}", f"part-t-{CANARY}"
     assert state.references == [[a, [a]], [b, [b]]]
     assert [x.note for x in state.approvals] == [f"note-{CANARY}"]
+    assert [x.get_secret_value() for x in state.tokens] == [t]
     await host.wait_idle(timeout=5)
     stored = dump()
-    for secret in (a, b, f"note-{CANARY}"):
+    for secret in (a, b, t, f"note-{CANARY}"):
         assert secret.encode() not in stored, secret
     rows = await host.store.journal.steps(handle.instance_id)
-    collected = [r for r in rows if r.step_name in ("left", "right", "part_ok")]
-    assert sorted(r.step_name for r in collected) == ["left", "left", "part_ok", "right", "right"]
+    collected = [r for r in rows if r.step_name in ("left", "right", "part_ok", "token")]
+    names = sorted(r.step_name for r in collected)
+    assert names == ["left", "left", "part_ok", "right", "right", "token"]
     assert all(MARK in r.result for r in collected), [(r.step_name, r.result) for r in collected]
+    # The wait's row seals the payload alone: which signal it took stays readable.
+    wait = next(r for r in collected if r.step_name == "part_ok")
+    assert isinstance(json.loads(wait.result)["seq"], int)
 
 
 async def test_flowx_signal_says_what_is_wrong_with_a_payload_bound_for_a_sealed_field(

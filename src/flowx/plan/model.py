@@ -229,11 +229,14 @@ def bound_for(nodes: tuple[Node, ...], fields: frozenset[str]) -> frozenset[int]
 def _given_back(nodes: tuple[Node, ...]) -> Iterator[Node]:
     """The nodes whose value a walk of ``nodes`` gives back: the last node's, and what makes
     it up — a fork's value is the list of its branches' last values, a for_each's the list of
-    its body's, and an await_signal that timed out gives back its timeout path's."""
+    its body's, and an await_signal that timed out gives back its timeout path's. Not an
+    emit: its value is its event, which leaves for brokers as its type declares it (its
+    sensitive members redacted), and its row is that event."""
     if not nodes:
         return
     last = nodes[-1]
-    yield last
+    if not isinstance(last, EmitNode):
+        yield last
     if isinstance(last, ForkNode):
         for branch in last.branches:
             yield from _given_back(branch)
