@@ -5,8 +5,7 @@ vouch for, or one that failed to encode, is walked here, so the message can name
 (``result.items[3].price is nan: ...``) and say what to do. Two walks: one over a value the
 caller gave (``refuse_if_found``), and one over the parts of a model or dataclass that a
 field typed ``Any`` leaves to pydantic's guess (``refuse_if_loose``), where pydantic would
-otherwise store something else than the value — NaN as null, a set as a list, a secret as
-its mask.
+otherwise store something else than the value — NaN as null, a set as a list.
 """
 
 from __future__ import annotations
@@ -23,10 +22,9 @@ from enum import Enum
 from typing import Any, Final
 from uuid import UUID
 
-from pydantic import BaseModel, SecretBytes, SecretStr
+from pydantic import BaseModel
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
-from flowx import sealing as _sealing
 from flowx.errors import SerialisationError
 
 #: Types stored exactly as they are (floats are checked for NaN by the encoder).
@@ -156,7 +154,7 @@ def _loose_problem(v: Any, path: list[str], depth: int, annotation: Any) -> str 
     if depth >= MAX_DEPTH:
         return None  # the encoder refuses it, with its own message
     if _is_loose(annotation):
-        found = _problem(v, path, depth, raw=True) or _masked_secret(v, depth)
+        found = _problem(v, path, depth, raw=True)
         if found is not None:
             return found
     if isinstance(v, BaseModel) or is_dataclass_instance(v):
@@ -200,33 +198,12 @@ def _loose_problem(v: Any, path: list[str], depth: int, annotation: Any) -> str 
     return None
 
 
-def _masked_secret(v: Any, depth: int) -> str | None:
-    """A secret where no declared type says so: the sealer goes by declared types, and
-    pydantic stores a ``SecretStr`` it meets under ``Any`` as its mask — the value lost."""
-    if isinstance(v, SecretStr | SecretBytes):
-        what = f"a {type(v).__name__}"
-    elif (isinstance(v, BaseModel) or is_dataclass_instance(v)) and _sealing.declares_sensitive(
-        type(v)
-    ):
-        what = f"{type(v).__name__}, which has a secret in it,"
-    elif depth < MAX_DEPTH and isinstance(v, dict | list | tuple):
-        items = v.values() if isinstance(v, dict) else v
-        return next((f for item in items if (f := _masked_secret(item, depth + 1))), None)
-    else:
-        return None
-    return (
-        f"holds {what} where no declared type says so (a field typed Any, or a dict or list "
-        "without element types): it would be stored as the mask '**********' and the secret "
-        "lost; declare the type (SecretStr, the model, or flowx.Sensitive[...])"
-    )
-
-
 def _inner(annotation: Any, container: type) -> Any:
     """The declared type of the values (``dict``) or items (``list``) of a container whose
     own declared type is ``annotation``; ``Any`` when only a guess covers them."""
     if annotation is _DECLARED_TYPE:
         return _DECLARED_TYPE
-    if _guessed(annotation):
+    if _is_loose(annotation):
         return Any
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if origin is typing.Annotated:
@@ -249,7 +226,7 @@ def _mentions_loose(annotation: Any) -> bool:
     stack = [annotation]
     while stack:
         a = stack.pop()
-        if _guessed(a):
+        if _is_loose(a):
             return True
         stack.extend(typing.get_args(a))
     return False
@@ -309,7 +286,7 @@ def has_loose_fields(cls: type) -> bool:
     stack: list[Any] = [cls]
     while stack:
         annotation = stack.pop()
-        if _guessed(annotation) or (has_fields(annotation) and _extra_allowed(annotation)):
+        if _is_loose(annotation) or (has_fields(annotation) and _extra_allowed(annotation)):
             return True
         if has_fields(annotation):
             if annotation not in seen:
@@ -323,19 +300,6 @@ def has_loose_fields(cls: type) -> bool:
 def _is_loose(annotation: Any) -> bool:
     """``Any``, ``object`` or no annotation at all: pydantic guesses how to serialise it."""
     return annotation is Any or annotation is object or annotation is None
-
-
-#: Containers declared without their element types: pydantic guesses how to serialise what
-#: they hold, as it does a value typed ``Any``.
-_BARE: Final = frozenset({dict, list, tuple, set, frozenset})
-
-
-def _guessed(annotation: Any) -> bool:
-    """Whether some part of a value of type ``annotation`` is serialised by pydantic's guess."""
-    try:
-        return _is_loose(annotation) or annotation in _BARE
-    except TypeError:  # an unhashable annotation argument (a constraint object): no type
-        return False
 
 
 def surrogate_at(s: str) -> int | None:
