@@ -41,6 +41,7 @@ from pydantic import BaseModel, TypeAdapter
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from flowx import sealing as _sealing
+from flowx.codec_checks import MAX_DEPTH as MAX_DEPTH
 from flowx.codec_checks import (
     DECLARED,
     SCALARS,
