@@ -41,7 +41,6 @@ from pydantic import BaseModel, TypeAdapter
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from flowx import sealing as _sealing
-from flowx.codec_checks import MAX_DEPTH as MAX_DEPTH
 from flowx.codec_checks import (
     DECLARED,
     SCALARS,
@@ -54,6 +53,7 @@ from flowx.codec_checks import (
     surrogate_at,
     surrogate_problem,
 )
+from flowx.codec_checks import MAX_DEPTH as MAX_DEPTH
 from flowx.errors import SerialisationError
 from flowx.sealing import scrub as scrub
 from flowx.sealing import sealing as sealing
