@@ -500,46 +500,20 @@ def _dataclass_members(cls: Any) -> tuple[DataclassField, ...]:
         seal = _is_sensitive(hints[f.name], ())
         if seal == SEAL_JSON:
             found.append((f.name, key, seal))
-        elif seal is not None or _walked_type(hints[f.name]):
+        elif seal is not None or _reaches(hints[f.name], lambda c: bool(members(c)), set()):
             found.append((f.name, key, None))
     return tuple(found)
 
 
 @functools.cache
 def _nested(cls: type[BaseModel]) -> tuple[tuple[str, str], ...]:
-    """The fields of ``cls`` (by name and stored key) the sealer descends into: those whose
-    declared type can hold a model with special members, and those it does not cover."""
+    """The fields of ``cls`` (by name and stored key) whose declared type can hold a model
+    with special members: the only ones the sealer descends into."""
     found = []
     sealed = {m.name for m in members(cls) if m.seal}
     for name, info in cls.model_fields.items():
         if name in sealed:  # sealed whole: nothing inside it is walked
             continue
-        if _walked_type(info.annotation):
+        if _reaches(info.annotation, lambda c: bool(members(c)), set()):
             found.append((name, info.serialization_alias or info.alias or name))
     return tuple(found)
-
-
-def _walked_type(annotation: Any) -> bool:
-    """Whether the sealer must walk a member declared ``annotation``: it can hold a secret or
-    a model with special members, or some part of it is left to pydantic's guess (``Any``,
-    ``object``, a container without element types) — which stores a ``SecretStr`` met there
-    as its mask, the value lost, so such a part is walked by its value."""
-    return _reaches(annotation, lambda c: bool(members(c)), set()) or _guessed(annotation)
-
-
-_BARE: Final = frozenset({dict, list, tuple, set, frozenset})
-
-
-def _guessed(annotation: Any) -> bool:
-    stack = [annotation]
-    while stack:
-        a = stack.pop()
-        args = typing.get_args(a)
-        try:
-            bare = (typing.get_origin(a) or a) in _BARE and not args
-        except TypeError:  # an unhashable annotation argument (a constraint object): no type
-            bare = False
-        if a is Any or a is object or bare:
-            return True
-        stack.extend(args)
-    return False
