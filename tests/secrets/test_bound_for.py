@@ -10,7 +10,7 @@ from pydantic import BaseModel, SecretStr
 import flowx
 from flowx.plan.model import bound_for
 from flowx.sealing import sealed_fields
-from tests.secrets.secret_flows import Approval, Payment, collect, part_reference
+from tests.secrets.secret_flows import Approval, Payment, collect, part_reference, tokens
 
 
 def _ids(plan: flowx.Plan, *names: str) -> frozenset[int]:
@@ -87,3 +87,21 @@ def test_an_emit_gives_back_its_event_which_leaves_as_its_type_declares() -> Non
         .build()
     )
     assert bound_for(plan.body, frozenset({"kept"})) == _ids(plan, "each")
+
+
+def test_a_sub_flow_as_the_last_node_gives_back_its_child_and_the_parent_row_is_bound() -> None:
+    """The parent's row for the child holds the child's final state: bound like a step's
+    result. (The child's own rows are sealed as the child's own types declare.)"""
+    plan = (
+        flowx.flow("bound.child", version="1", input=Payment, state=State)
+        .for_each(
+            "each",
+            lambda p, s: [p],
+            lambda body: body.step(part_reference, name="before").sub_flow(
+                tokens, lambda element, s: element, name="child"
+            ),
+            into="kept",
+        )
+        .build()
+    )
+    assert bound_for(plan.body, frozenset({"kept"})) == _ids(plan, "each", "child")
