@@ -55,6 +55,7 @@ from flowx.codec_checks import (
 )
 from flowx.codec_checks import MAX_DEPTH as MAX_DEPTH
 from flowx.errors import SerialisationError
+from flowx.masked_secrets import MASK_JSON, refusal
 from flowx.sealing import scrub as scrub
 from flowx.sealing import sealing as sealing
 
@@ -66,6 +67,33 @@ T = TypeVar("T")
 _encoder = json.JSONEncoder(
     sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=False
 )
+
+
+def _no_json_form(value: Any) -> Any:
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+#: ``_encoder`` made once: ``JSONEncoder.encode`` builds this same C encoder on every call,
+#: which costs more than encoding a small step result (it is 2 or 3 encodes per step
+#: commit). The same settings, so the same bytes; without the circular-reference markers
+#: (a cycle ends as a ``RecursionError``, refused like the ``ValueError`` it was), so one
+#: encoder holds no per-call state and serves every caller at once.
+_make_c_encoder = getattr(json.encoder, "c_make_encoder", None)
+_c_encode: Callable[[Any, int], Any] | None = (
+    _make_c_encoder(
+        None, _no_json_form, json.encoder.encode_basestring, None, ":", ",", True, False, False
+    )
+    if _make_c_encoder is not None
+    else None
+)
+
+
+def _to_text(plain: Any) -> str:
+    """``plain`` as canonical JSON text: ``_encoder.encode``, through the prebuilt encoder
+    when this Python has the C one."""
+    if _c_encode is None or type(plain) is str:
+        return _encoder.encode(plain)
+    return "".join(_c_encode(plain, 0))
 
 #: Containers the fast scan looks at before handing over to the walk that names fields; it
 #: also bounds the scan of a value that contains itself.
@@ -136,10 +164,14 @@ def _encode(value: Any, root: str, at: str | None = None, whole: bool | str = Fa
     if whole:
         plain = _sealable(plain, root, lambda: _sealed_whole(plain, root, at, whole))
     try:
-        text = _encoder.encode(plain)
+        text = _to_text(plain)
     except (ValueError, RecursionError) as exc:  # NaN / Infinity, a cycle, too deep
         refuse_if_found(plain, root, raw=False)
         raise SerialisationError(f"{root} cannot be stored as JSON: {exc}", path=root) from exc
+    if kind != _PLAIN and MASK_JSON in text:  # only models and the like produce the mask
+        lost = refusal(value, root)
+        if lost is not None:
+            raise SerialisationError(lost[1], path=lost[0])
     if not text.isascii():
         try:
             text.encode("utf-8")

@@ -341,7 +341,7 @@ class Sealer:
                 k: self.plain(value[k], p, f"{path}.{k}") if k in value else p
                 for k, p in plain.items()
             }
-        if isinstance(plain, dict) and _dataclass_fields(type(value)):
+        if isinstance(plain, dict) and dataclass_fields(type(value)):
             return self.dataclass(value, plain, path)
         return plain
 
@@ -349,7 +349,7 @@ class Sealer:
         """A dataclass's fields, walked as a model's members are: pydantic's form of one
         holds ``"**********"`` for a ``SecretStr`` in it, and the secret would be lost."""
         out = dict(plain)
-        for name, key, seal in _dataclass_fields(type(value)):
+        for name, key, seal in dataclass_fields(type(value)):
             if key not in out:
                 continue
             v = getattr(value, name, None)
@@ -364,7 +364,7 @@ class Sealer:
     def model(self, value: BaseModel, plain: Any, path: str) -> Any:
         cls = type(value)
         special = members(cls)
-        nested = _nested(cls)
+        nested = nested_fields(cls)
         if not (special or nested):
             PLAIN_MODELS.add(cls)
             return plain
@@ -455,7 +455,7 @@ def _any_walked(values: Iterable[Any]) -> bool:
             return True
         found = known.get(cls)
         if found is None:
-            found = _dataclass_fields(cls)
+            found = dataclass_fields(cls)
         if found:
             return True
     return False
@@ -471,7 +471,7 @@ DataclassField = tuple[str, str, str | None]
 _DATACLASSES: dict[type, tuple[DataclassField, ...]] = {}
 
 
-def _dataclass_fields(cls: type) -> tuple[DataclassField, ...]:
+def dataclass_fields(cls: type) -> tuple[DataclassField, ...]:
     found = _DATACLASSES.get(cls)
     if found is None:
         found = _dataclass_members(cls) if dataclasses.is_dataclass(cls) else ()
@@ -506,7 +506,7 @@ def _dataclass_members(cls: Any) -> tuple[DataclassField, ...]:
 
 
 @functools.cache
-def _nested(cls: type[BaseModel]) -> tuple[tuple[str, str], ...]:
+def nested_fields(cls: type[BaseModel]) -> tuple[tuple[str, str], ...]:
     """The fields of ``cls`` (by name and stored key) whose declared type can hold a model
     with special members: the only ones the sealer descends into."""
     found = []

@@ -12,6 +12,8 @@ from typing import Any
 from uuid import UUID
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from flowx import codec
@@ -37,6 +39,27 @@ def test_plain_values_are_encoded_exactly_as_before() -> None:
     value = {"b": [1, 2.5, None, True, "é", {"z": 10**30}], "a": "x\x00y", "c": -0.0}
     assert codec.dumps(value) == canonical(value)
     assert codec.dumps((1, "two")) == '[1,"two"]'
+
+
+_JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(st.characters(exclude_categories=["Cs"])),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_JSON)
+def test_the_encoder_built_once_writes_the_bytes_json_writes(value: Any) -> None:
+    """The codec builds its C encoder once instead of per call (issue 14): any JSON value
+    still comes out exactly as ``json.dumps`` with the canonical settings writes it."""
+    assert codec.dumps(value) == canonical(value)
 
 
 def test_declared_types_go_through_their_serialiser() -> None:

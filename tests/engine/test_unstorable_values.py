@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, SecretStr
 
 import flowx
 from flowx import codec
@@ -91,6 +91,27 @@ async def failed_once(host: flowx.FlowHost, plan: flowx.Plan, step_id: int = 2) 
 
 
 # -- step results ----------------------------------------------------------------------------
+
+
+class Login(BaseModel):
+    user: str
+    extra: Any = None
+
+
+async def test_a_step_returning_a_secret_no_type_declares_fails_once_instead_of_losing_it(
+    host_factory: Any, clock: Any
+) -> None:
+    """R9.5, R9.8: a ``SecretStr`` in a part of a result no declared type covers would be
+    stored as pydantic's mask, the token lost; the step fails once instead, naming where it
+    is and what to declare, and its row and error never hold the secret."""
+    produced.append(lambda: Login(user="ada", extra={"token": SecretStr("tok-4929-7731")}))
+    plan = saga()
+    host = await host_factory(plan)
+    error = await failed_once(host, plan)
+    assert error["code"] == "step.result_unstorable"
+    assert error["field"] == "result.extra.token"
+    assert "'**********'" in error["message"] and "declare the field's type" in error["message"]
+    assert "tok-4929-7731" not in str(error)
 
 
 async def test_a_step_returning_a_lone_surrogate_fails_once_and_is_not_re_run(

@@ -23,7 +23,7 @@ from flowx.engine.history import Attempts
 from flowx.engine.run import EVENT_NAMESPACE, Run
 from flowx.engine.stops import StopReached
 from flowx.engine.timeouts import DeadlineReached, attempt_limit, invoke_bounded
-from flowx.errors import FlowXError, NonRetryableError
+from flowx.errors import FlowXError, NonRetryableError, SerialisationError
 from flowx.plan.events import contract_of
 from flowx.plan.model import NO_RETRY, EmitNode, ForEachNode, ForkNode, Retry, StepNode
 from flowx.sealing import MARK
@@ -153,16 +153,14 @@ async def _call_until_done(
                 run.executor,
                 limit=limit,
                 by_deadline=by_deadline,
-                what=f"step {node.name!r} ({cap.ref})",
+                # Only an attempt with a bound can overrun it and be named: not built per step.
+                what=f"step {node.name!r} ({cap.ref})" if limit is not None else "",
                 stop=run.stop_cut(by_cancel=True),
             )
             # R9.5: checked here, so an unstorable result fails this step, never the commit.
-            whose = f"step {node.name!r}: the result of {cap.ref}"
             at = f"{scope}/{node.step_id}"
             sealed = run.seals(node)
-            text = codec.dumps(
-                raw, root="result", code=RESULT_UNSTORABLE, context=whose, at=at, whole=sealed
-            )
+            text = _stored(raw, "result", node, cap, at=at, whole=sealed)
             # The live run goes on with the value a replay would read back from the row:
             # decoded, unless JSON gives it back as it is (a text holding the sealing mark is
             # decoded, as a replay decodes it: without keys, both refuse it alike).
@@ -170,11 +168,7 @@ async def _call_until_done(
             value = raw if exact else codec.loads(text, root="result", at=at)
             base = run.state
             new_state = run.applied(node.into, value)  # the result must fit its field
-            bag = (
-                codec.dumps(new_state, root="state", code=RESULT_UNSTORABLE, context=whose)
-                if node.into is not None
-                else None
-            )
+            bag = _stored(new_state, "state", node, cap) if node.into is not None else None
         except Exception as exc:
             error = _attempt_error(run, node, scope, cap, exc)
             failures.append(error)
@@ -202,6 +196,25 @@ async def _call_until_done(
         run.keep(node, scope, argument, value)
         run.executed += 1
         return value
+
+
+def _stored(
+    value: Any,
+    root: str,
+    node: StepNode,
+    cap: Capability,
+    *,
+    at: str | None = None,
+    whole: bool = False,
+) -> str:
+    """``value`` (a step's result, or the state it makes) encoded for its row; refused as
+    ``step.result_unstorable``, saying whose result it was (R9.5). The words are put together
+    only for a refusal: this runs twice on every step commit."""
+    try:
+        return codec.dumps(value, root=root, at=at, whole=whole)
+    except SerialisationError as exc:
+        whose = f"step {node.name!r}: the result of {cap.ref}"
+        raise codec.refused(exc, whose, RESULT_UNSTORABLE) from exc
 
 
 def _attempt_error(
