@@ -95,6 +95,7 @@ def _to_text(plain: Any) -> str:
         return _encoder.encode(plain)
     return "".join(_c_encode(plain, 0))
 
+
 #: Containers the fast scan looks at before handing over to the walk that names fields; it
 #: also bounds the scan of a value that contains itself.
 _SCAN_BUDGET: Final = 100_000
