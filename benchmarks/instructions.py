@@ -36,6 +36,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from benchmarks.ab_trees import revision as checked_out
+
 RESULTS = Path(__file__).resolve().parent / "results"
 HERE = Path(__file__).resolve().parent.parent
 
@@ -87,13 +89,9 @@ def per_step(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def revision(tree: Path) -> str | None:
+    """The commit ``tree`` has checked out, if it is a git checkout."""
     try:
-        return subprocess.run(
-            ["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
+        return checked_out(tree)
     except (subprocess.CalledProcessError, OSError):
         return None
 
