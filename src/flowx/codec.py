@@ -163,14 +163,14 @@ def _encode(value: Any, root: str, at: str | None = None, whole: bool | str = Fa
             sealer = _sealing.Sealer(_sealing.current(), where)
             plain = _sealable(plain, root, lambda: sealer.plain(value, plain, root))
     if whole:
-        plain = _sealable(plain, root, lambda: _sealed_whole(plain, root, at, whole))
+        plain = _sealable(plain, root, lambda: _sealed_whole(value, plain, root, at, whole))
     try:
         text = _to_text(plain)
     except (ValueError, RecursionError) as exc:  # NaN / Infinity, a cycle, too deep
         refuse_if_found(plain, root, raw=False)
         raise SerialisationError(f"{root} cannot be stored as JSON: {exc}", path=root) from exc
     if kind != _PLAIN and MASK_JSON in text:  # only models and the like produce the mask
-        lost = refusal(value, root)
+        lost = refusal(value, plain, root)
         if lost is not None:
             raise SerialisationError(lost[1], path=lost[0])
     if not text.isascii():
@@ -194,20 +194,21 @@ def _sealable(plain: Any, root: str, seal: Callable[[], Any]) -> Any:
         raise SerialisationError(f"{root} cannot be stored as JSON: {exc}", path=root) from exc
 
 
-def _sealed_whole(plain: Any, root: str, at: str | None, whole: bool | str) -> Any:
+def _sealed_whole(value: Any, plain: Any, root: str, at: str | None, whole: bool | str) -> Any:
     """``plain`` sealed as one value, or (``whole`` a key) its member ``whole`` alone. A value
     that is an envelope already (a ``SecretStr``) is left as it is: sealing it twice would cost
     a second seal and gain nothing."""
     sealer = _sealing.Sealer(_sealing.current(), root if at is None else f"{root}:{at}")
-    path, target = root, plain
+    path, target, part = root, plain, value
     if isinstance(whole, str):
         if not isinstance(plain, dict) or whole not in plain:
             return plain
         path, target = f"{root}.{whole}", plain[whole]
+        part = value.get(whole) if isinstance(value, dict) else None
     if isinstance(target, dict) and _sealing.MARK in target:
         return plain
     # Only a bare string is remembered for scrubbing: a whole state's words would mask any.
-    sealed = sealer.whole(target, path, remember=isinstance(target, str))
+    sealed = sealer.whole(target, path, remember=isinstance(target, str), value=part)
     return {**plain, whole: sealed} if isinstance(whole, str) else sealed
 
 

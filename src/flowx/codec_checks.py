@@ -79,13 +79,13 @@ def _problem(v: Any, path: list[str], depth: int, raw: bool) -> str | None:
             if not isinstance(k, str):
                 return (
                     f"has the key {k!r} ({type(k).__name__}): JSON keys are strings, so it "
-                    f"would be stored as {_key_text(k)!r} and read back as a str; use str "
+                    f"would be stored as {key_text(k)!r} and read back as a str; use str "
                     "keys, or a pydantic model that declares the key type"
                 )
             at = surrogate_at(k)
             if at is not None:
                 return f"has the key {k!r}, which {surrogate_problem(k, at)}"
-            path.append(_field(k))
+            path.append(field_path(k))
             found = _problem(item, path, depth + 1, raw)
             if found is not None:
                 return found
@@ -167,7 +167,7 @@ def _loose_problem(v: Any, path: list[str], depth: int, annotation: Any) -> str 
         if isinstance(v, BaseModel):
             parts += [(str(k), item, Any) for k, item in (v.__pydantic_extra__ or {}).items()]
         for name, item, declared in parts:
-            path.append(_field(name))
+            path.append(field_path(name))
             found = _loose_problem(item, path, depth + 1, declared)
             if found is not None:
                 return found
@@ -179,7 +179,7 @@ def _loose_problem(v: Any, path: list[str], depth: int, annotation: Any) -> str 
         for k, item in v.items():
             if scalars_ok and type(item) in SCALARS:
                 continue
-            path.append(_field(k) if isinstance(k, str) else f"[{k!r}]")
+            path.append(field_path(k) if isinstance(k, str) else f"[{k!r}]")
             found = _loose_problem(item, path, depth + 1, inner)
             if found is not None:
                 return found
@@ -320,11 +320,11 @@ def surrogate_problem(s: str, at: int) -> str:
     )
 
 
-def _field(key: str) -> str:
+def field_path(key: str) -> str:
     return f".{key}" if key.isidentifier() else f"[{key!r}]"
 
 
-def _key_text(key: Any) -> str:
+def key_text(key: Any) -> str:
     """The string a non-str key would have been stored as, had it been converted quietly."""
     try:
         return str(next(iter(to_jsonable_python({key: 0}))))

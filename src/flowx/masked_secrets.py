@@ -1,134 +1,181 @@
 """Secrets pydantic would store as ``"**********"``: found, so the value is refused, not lost.
 
 A ``SecretStr`` is sealed where a declared type says one can be (``flowx.sealing``). Where none
-does — a field typed ``Any``, a ``dict`` or ``list`` declared without element types, a ``set``,
-a model's extra fields, a ``pydantic.Secret[T]`` (which the sealer cannot seal) — pydantic's
-serialiser writes its mask instead, and the journal would keep the mask: the secret lost
-without a word, read back as ten asterisks. That is silently changed data, so the codec refuses
-it (R9.5, R9.8), naming where the secret is and what to declare.
+does — a field typed ``Any``, a ``dict`` or ``list`` declared without element types, a ``set``
+or a ``deque``, a model's extra field, a dict keyed by something else than ``str``, a
+``pydantic.Secret[T]`` (which has no sealed form) — pydantic's serialiser writes its mask in
+the secret's place, and the journal would keep the mask: the secret lost without a word, read
+back as ten asterisks. That is silently changed data, so the codec refuses it (R9.5, R9.8),
+naming where the secret is and what to declare.
 
-The check costs nothing on the step commit's path: ``codec.dumps`` looks for the mask in the
-text it just encoded (one C-level substring search) and walks the value only when the mask is
-there. A string that merely *is* ``"**********"`` is no secret: the walk then finds none, and
-the value is stored as it is. The walk follows the sealer's own: it descends where the sealer
-does (members, fields whose declared type can hold a secret, list and dict items), and below
-any part the sealer does not look into, every secret found is one pydantic masked.
+What is checked is what was actually written, not what the types promise: the JSON form about
+to be stored (after sealing) is searched for the mask, and each place that holds it is followed
+back into the value. Only where the value there *is* a secret was one lost; a string that
+merely is ``"**********"``, a secret a serialiser wrote out or left out, an empty secret
+(written as ``""``) are stored as they are. Each caller looks for the mask in the text it
+encoded first (one C-level substring search), so a value without it costs nothing more; the
+search and the following are iterative, so no nesting makes them overflow the stack.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections import deque
 from collections.abc import Iterator
 from typing import Any, Final
 
 import pydantic
-from pydantic import BaseModel, SecretBytes, SecretStr
+from pydantic import BaseModel, RootModel, SecretBytes, SecretStr
 
-from flowx.codec_checks import MAX_DEPTH
-from flowx.sealing import MASK, SEAL_JSON, dataclass_fields, members, nested_fields
+from flowx.codec_checks import field_path, key_text
 
+#: What pydantic writes for a secret, and what displays show for a sealed member.
+MASK: Final = "**********"
 #: The mask as it appears in encoded JSON text.
 MASK_JSON: Final = f'"{MASK}"'
 
 #: Every pydantic secret type: ``SecretStr``, ``SecretBytes`` and the generic ``Secret[T]``.
 _SECRETS: Final = (SecretStr, SecretBytes, pydantic.Secret)
+#: A place in a JSON form: a dict key or a list index.
+Step = str | int
 
 
-def refusal(value: Any, root: str) -> tuple[str, str] | None:
-    """Where the first secret in ``value`` that the sealer would leave to pydantic's mask is
-    (its path under ``root``), and why that is refused and what to do; ``None`` if every
-    secret in it is sealed."""
-    found = _walked(value, root, 0)
-    if found is None:
-        return None
-    path, secret = found
-    lost = "pydantic would store it as '**********' and the value would be lost"
-    if not isinstance(secret, SecretStr | SecretBytes):
+def refusal(value: Any, plain: Any, root: str) -> tuple[str, str] | None:
+    """Where the first secret of ``value`` is that its JSON form ``plain`` holds as the mask
+    (its path under ``root``), and why that is refused and what to do; ``None`` if none is."""
+    for steps, is_key in _masks(plain):
+        found = _follow(value, steps)
+        if found is None:
+            continue  # a serialiser reshaped it: nothing to follow the mask back to
+        (target,) = found
+        if is_key:
+            lost = isinstance(target, dict) and any(isinstance(k, _SECRETS) for k in target)
+        else:
+            lost = isinstance(target, _SECRETS)
+        if lost:
+            return _said(root, steps, target, is_key)
+    return None
+
+
+def _said(root: str, steps: tuple[Step, ...], target: Any, is_key: bool) -> tuple[str, str]:
+    path = root + "".join(f"[{s}]" if isinstance(s, int) else field_path(s) for s in steps)
+    lost = "pydantic would store '**********' in its place and the value would be lost"
+    if is_key:
+        return path, (
+            f"{path} has a secret as a key, which FlowX cannot seal: {lost}; key it by a str "
+            "and keep the secret in the value"
+        )
+    if not isinstance(target, SecretStr | SecretBytes):
         return path, (
             f"{path} is a pydantic Secret[...], which FlowX cannot seal: {lost}; declare it "
-            "SecretStr or SecretBytes, or mark the field Sensitive"
+            "SecretStr or SecretBytes"
         )
     return path, (
-        f"{path} holds a secret where no declared type says one can be, so it cannot be "
-        f"sealed: {lost}; declare the field's type (SecretStr, list[SecretStr], a model with "
-        "SecretStr fields) or mark the field Sensitive"
+        f"{path} holds a secret where no declared type lets FlowX seal it: {lost}; declare "
+        "its type where it sits (SecretStr, list[SecretStr], dict[str, SecretStr], a model "
+        "with SecretStr fields)"
     )
 
 
-#: Where a secret pydantic would mask is, and the secret itself.
-Found = tuple[str, Any] | None
+def _masks(plain: Any) -> Iterator[tuple[tuple[Step, ...], bool]]:
+    """Each place in the JSON form ``plain`` that holds the mask, as the steps that reach it,
+    and whether it is a dict's key (``True``) or a value. Each container is pushed with a link
+    to its parent's (a pair), and a path is spelled out only for a mask found: the search
+    stays linear in the size of ``plain``."""
+    if type(plain) is str:
+        if plain == MASK:
+            yield (), False
+        return
+    stack: list[tuple[Any, _Link]] = [(plain, None)]
+    while stack:
+        node, link = stack.pop()
+        if type(node) is dict:
+            if MASK in node:
+                yield _spelled(link), True
+            pairs: Iterator[tuple[Step, Any]] = iter(node.items())
+        else:
+            pairs = enumerate(node)
+        for step, v in pairs:
+            t = type(v)
+            if t is str:
+                if v == MASK:
+                    yield _spelled((link, step)), False
+            elif t is dict or t is list:
+                stack.append((v, (link, step)))
 
 
-def _walked(v: Any, path: str, depth: int) -> Found:
-    """``v`` at a place the sealer walks: a ``SecretStr``/``SecretBytes`` here is sealed."""
-    if depth > MAX_DEPTH:
+#: A path as nested pairs, ``((None, "a"), 0)`` for ``a[0]``: one pair per container pushed.
+_Link = tuple[Any, Step] | None
+
+
+def _spelled(link: _Link) -> tuple[Step, ...]:
+    steps: list[Step] = []
+    while link is not None:
+        link, step = link
+        steps.append(step)
+    return tuple(reversed(steps))
+
+
+def _follow(value: Any, steps: tuple[Step, ...]) -> tuple[Any] | None:
+    """What of ``value`` its JSON form holds at ``steps``; ``None`` when a step leads nowhere
+    (a serialiser of the application's wrote something of another shape)."""
+    for step in steps:
+        value = _unwrapped(value)
+        if isinstance(step, int):
+            if isinstance(value, list | tuple | deque):
+                items: Any = value
+            elif isinstance(value, set | frozenset):
+                items = list(value)  # pydantic writes a set in its iteration order
+            else:
+                return None
+            if not 0 <= step < len(items):
+                return None
+            value = items[step]
+            continue
+        member = _member(value, step)
+        if member is None:
+            return None
+        (value,) = member
+    return (_unwrapped(value),)
+
+
+def _unwrapped(value: Any) -> Any:
+    while isinstance(value, RootModel):  # its JSON form is its root's
+        value = value.root
+    return value
+
+
+def _member(value: Any, key: str) -> tuple[Any] | None:
+    if isinstance(value, BaseModel):
+        name = _stored_names(type(value)).get(key)
+        if name is not None:
+            return (getattr(value, name, None),)
+        extra = value.__pydantic_extra__ or {}
+        return (extra[key],) if key in extra else None
+    if isinstance(value, dict):
+        if key in value:
+            return (value[key],)
+        for k, v in value.items():  # keyed by ints, enums ...: written as their text
+            if not isinstance(k, str) and key_text(k) == key:
+                return (v,)
         return None
-    if isinstance(v, SecretStr | SecretBytes):
-        return None
-    if isinstance(v, _SECRETS):  # a Secret[T]: the sealer has no sealed form for it
-        return path, v
-    if isinstance(v, BaseModel):
-        return _model(v, path, depth)
-    if isinstance(v, list | tuple):
-        return _first(_walked(x, f"{path}[{i}]", depth + 1) for i, x in enumerate(v))
-    if isinstance(v, dict):
-        return _first(_walked(x, f"{path}.{k}", depth + 1) for k, x in v.items())
-    if dataclasses.is_dataclass(v) and not isinstance(v, type):
-        return _dataclass(v, path, depth)
-    return _anywhere(v, path, depth)  # a set, ...: the sealer does not look inside
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        infos = getattr(type(value), "__pydantic_fields__", None) or {}
+        for f in dataclasses.fields(value):
+            info = infos.get(f.name)
+            stored = (info.serialization_alias or info.alias or f.name) if info else f.name
+            if key in (stored, f.name):
+                return (getattr(value, f.name, None),)
+    return None
 
 
-def _model(v: BaseModel, path: str, depth: int) -> Found:
-    cls = type(v)
-    special = {m.name: m for m in members(cls)}
-    nested = {name for name, _ in nested_fields(cls)}
+@functools.cache
+def _stored_names(cls: type[BaseModel]) -> dict[str, str]:
+    """A model's fields by the key its JSON form stores each under (its alias, or its
+    name), and by name too."""
+    names = {name: name for name in cls.model_fields}
+    names.update({name: name for name in cls.model_computed_fields})
     for name, info in cls.model_fields.items():
-        m = special.get(name)
-        if m is not None and m.seal is not None:
-            continue  # sealed whole, a secret inside it included
-        at = f"{path}.{info.serialization_alias or info.alias or name}"
-        look = _walked if m is not None or name in nested else _anywhere
-        found = look(getattr(v, name, None), at, depth + 1)
-        if found is not None:
-            return found
-    extra = v.__pydantic_extra__ or {}
-    return _first(_anywhere(x, f"{path}.{k}", depth + 1) for k, x in extra.items())
-
-
-def _dataclass(v: Any, path: str, depth: int) -> Found:
-    walked = {name: (key, seal) for name, key, seal in dataclass_fields(type(v))}
-    for f in dataclasses.fields(v):
-        key, seal = walked.get(f.name, (f.name, None))
-        if seal == SEAL_JSON:
-            continue  # sealed whole
-        look = _walked if f.name in walked else _anywhere
-        found = look(getattr(v, f.name, None), f"{path}.{key}", depth + 1)
-        if found is not None:
-            return found
-    return None
-
-
-def _anywhere(v: Any, path: str, depth: int) -> Found:
-    """``v`` below a part the sealer never looks into: any secret here is masked."""
-    if depth > MAX_DEPTH:
-        return None
-    if isinstance(v, _SECRETS):
-        return path, v
-    if isinstance(v, BaseModel):
-        fields = {name: getattr(v, name, None) for name in type(v).model_fields}
-        items = [*fields.items(), *(v.__pydantic_extra__ or {}).items()]
-        return _first(_anywhere(x, f"{path}.{k}", depth + 1) for k, x in items)
-    if isinstance(v, dict):
-        return _first(_anywhere(x, f"{path}.{k}", depth + 1) for k, x in v.items())
-    if isinstance(v, list | tuple | set | frozenset):
-        return _first(_anywhere(x, f"{path}[{i}]", depth + 1) for i, x in enumerate(v))
-    if dataclasses.is_dataclass(v) and not isinstance(v, type):
-        return _first(
-            _anywhere(getattr(v, f.name, None), f"{path}.{f.name}", depth + 1)
-            for f in dataclasses.fields(v)
-        )
-    return None
-
-
-def _first(found: Iterator[Found]) -> Found:
-    return next((f for f in found if f is not None), None)
+        names.setdefault(info.serialization_alias or info.alias or name, name)
+    return names

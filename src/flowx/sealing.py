@@ -39,11 +39,12 @@ from flowx.keyring import MARK as MARK
 from flowx.keyring import Keyring as Keyring
 from flowx.keyring import KeysError as KeysError
 from flowx.keyring import generate_key as generate_key
+from flowx.masked_secrets import MASK as MASK
+from flowx.masked_secrets import MASK_JSON, refusal
 
 T = TypeVar("T")
 
 #: What every display shows in place of a sensitive member.
-MASK: Final = "**********"
 
 
 class SensitiveMark:
@@ -341,7 +342,7 @@ class Sealer:
                 k: self.plain(value[k], p, f"{path}.{k}") if k in value else p
                 for k, p in plain.items()
             }
-        if isinstance(plain, dict) and dataclass_fields(type(value)):
+        if isinstance(plain, dict) and _dataclass_fields(type(value)):
             return self.dataclass(value, plain, path)
         return plain
 
@@ -349,7 +350,7 @@ class Sealer:
         """A dataclass's fields, walked as a model's members are: pydantic's form of one
         holds ``"**********"`` for a ``SecretStr`` in it, and the secret would be lost."""
         out = dict(plain)
-        for name, key, seal in dataclass_fields(type(value)):
+        for name, key, seal in _dataclass_fields(type(value)):
             if key not in out:
                 continue
             v = getattr(value, name, None)
@@ -358,13 +359,13 @@ class Sealer:
             where = f"{path}.{key}"
             out[key] = self.plain(v, out[key], where)
             if seal == SEAL_JSON:  # marked below its top level: sealed whole, as a member
-                out[key] = self.whole(out[key], where)
+                out[key] = self.whole(out[key], where, value=v)
         return out
 
     def model(self, value: BaseModel, plain: Any, path: str) -> Any:
         cls = type(value)
         special = members(cls)
-        nested = nested_fields(cls)
+        nested = _nested(cls)
         if not (special or nested):
             PLAIN_MODELS.add(cls)
             return plain
@@ -388,17 +389,26 @@ class Sealer:
         if m.seal == SEAL_JSON:
             # Its JSON form with any secret in it sealed first: pydantic's own form would
             # hold ``"**********"`` for a ``SecretStr``, and the value would be lost.
-            return self.whole(self.plain(v, to_jsonable_python(v), path), path)
+            return self.whole(self.plain(v, to_jsonable_python(v), path), path, value=v)
         return self.plain(v, None, path)  # type: ignore[no-any-return]
 
-    def whole(self, plain: Any, path: str, *, remember: bool = True) -> dict[str, str]:
-        """``plain`` (a JSON form) sealed as one value: a member marked below its top level,
-        or a step's result bound for a sealed state field (``codec.dumps(whole=...)``).
-        ``remember``: its strings are scrubbed from the instance's error messages."""
+    def whole(
+        self, plain: Any, path: str, *, remember: bool = True, value: Any = None
+    ) -> dict[str, str]:
+        """``plain`` (``value``'s JSON form) sealed as one value: a member marked below its
+        top level, or a step's result bound for a sealed state field
+        (``codec.dumps(whole=...)``). ``remember``: its strings are scrubbed from the
+        instance's error messages. A secret pydantic wrote as its mask inside it is refused,
+        as outside (``flowx.masked_secrets``): sealed, the mask would be lost unseen."""
+        text = _canonical(plain)
+        if MASK_JSON in text:
+            lost = refusal(value, plain, path)
+            if lost is not None:
+                raise SerialisationError(lost[1], path=lost[0])
         if self.active is not None and remember:  # without keys, ``seal`` refuses it below
-            for text in _texts(plain):
-                self.active.remember(text)
-        return self.seal(_canonical(plain).encode(), SEAL_JSON, path, None)
+            for member in _texts(plain):
+                self.active.remember(member)
+        return self.seal(text.encode(), SEAL_JSON, path, None)
 
     def seal(self, data: bytes, kind: str, path: str, secret: str | None) -> dict[str, str]:
         active = self.active
@@ -427,7 +437,7 @@ class _Redactor(Sealer):
     def member(self, m: Member, v: Any, path: str) -> Any:
         return self.mark
 
-    def whole(self, plain: Any, path: str, *, remember: bool = True) -> Any:
+    def whole(self, plain: Any, path: str, *, remember: bool = True, value: Any = None) -> Any:
         return self.mark
 
     def seal(self, data: bytes, kind: str, path: str, secret: str | None) -> Any:
@@ -455,7 +465,7 @@ def _any_walked(values: Iterable[Any]) -> bool:
             return True
         found = known.get(cls)
         if found is None:
-            found = dataclass_fields(cls)
+            found = _dataclass_fields(cls)
         if found:
             return True
     return False
@@ -471,7 +481,7 @@ DataclassField = tuple[str, str, str | None]
 _DATACLASSES: dict[type, tuple[DataclassField, ...]] = {}
 
 
-def dataclass_fields(cls: type) -> tuple[DataclassField, ...]:
+def _dataclass_fields(cls: type) -> tuple[DataclassField, ...]:
     found = _DATACLASSES.get(cls)
     if found is None:
         found = _dataclass_members(cls) if dataclasses.is_dataclass(cls) else ()
@@ -506,7 +516,7 @@ def _dataclass_members(cls: Any) -> tuple[DataclassField, ...]:
 
 
 @functools.cache
-def nested_fields(cls: type[BaseModel]) -> tuple[tuple[str, str], ...]:
+def _nested(cls: type[BaseModel]) -> tuple[tuple[str, str], ...]:
     """The fields of ``cls`` (by name and stored key) whose declared type can hold a model
     with special members: the only ones the sealer descends into."""
     found = []

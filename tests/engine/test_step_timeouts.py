@@ -80,6 +80,18 @@ def hang_sync(ctx: flowx.StepContext, job: Job) -> str:
     return "done"
 
 
+@flowx.capability("timeouts.own_timeout_sync", version="1.0.0")
+def own_timeout_sync(ctx: flowx.StepContext, job: Job) -> str:
+    timeout_calls["own_timeout_sync"] += 1
+    raise TimeoutError("upstream read timed out")
+
+
+@flowx.capability("timeouts.own_timeout_async", version="1.0.0")
+async def own_timeout_async(ctx: flowx.StepContext, job: Job) -> str:
+    timeout_calls["own_timeout_async"] += 1
+    raise TimeoutError("upstream read timed out")
+
+
 FAST = flowx.Retry(attempts=3, backoff="none")
 
 
@@ -114,6 +126,29 @@ async def test_hung_async_step_is_cancelled_and_fails_step_timed_out(host_factor
     assert cancelled == [1, 2, 3]  # every attempt was cancelled, not left running
     rows = await rows_of(host, iid)
     assert _codes(rows, "timeouts.hang_async") == [STEP_TIMED_OUT] * 3
+
+
+@pytest.mark.parametrize(
+    ("cap", "timeout"),
+    [(own_timeout_sync, None), (own_timeout_sync, "30s"), (own_timeout_async, "30s")],
+    ids=["sync-unbounded", "sync-bounded", "async-bounded"],
+)
+async def test_a_capabilitys_own_timeout_error_is_its_failure_not_a_step_timeout(
+    host_factory: Any, cap: Any, timeout: str | None
+) -> None:
+    """A ``TimeoutError`` the capability raised itself (a client library's) fails the attempt
+    as what it is — retried, journaled with its own message — never as the step running past
+    its bound (``step.timed_out``, the thread counted stuck)."""
+    name = f"own_{cap.__name__}_{timeout or 'none'}"
+    plan = _flow(name, cap).step(cap, timeout=timeout, retry=FAST).build()
+    host = await host_factory(plan)
+    state, error, iid = await _ended(host, plan, f"own-{timeout}")
+    assert state == "Failed"
+    assert error["type"] == "TimeoutError" and error["message"] == "upstream read timed out"
+    assert error["code"] != STEP_TIMED_OUT
+    assert timeout_calls[cap.__name__] == 3  # every attempt ran: none was abandoned
+    rows = [r for r in await rows_of(host, iid) if r.step_name == f"timeouts.{cap.__name__}"]
+    assert [flowx.codec.loads(r.result)["message"] for r in rows] == ["upstream read timed out"] * 3
 
 
 async def test_timed_out_attempt_is_retried_under_its_policy(host_factory: Any) -> None:

@@ -110,7 +110,7 @@ async def test_a_step_returning_a_secret_no_type_declares_fails_once_instead_of_
     error = await failed_once(host, plan)
     assert error["code"] == "step.result_unstorable"
     assert error["field"] == "result.extra.token"
-    assert "'**********'" in error["message"] and "declare the field's type" in error["message"]
+    assert "'**********'" in error["message"] and "declare its type" in error["message"]
     assert "tok-4929-7731" not in str(error)
 
 

@@ -1,20 +1,32 @@
-"""A secret no declared type covers is refused, never stored as pydantic's mask (R9.5, R9.8).
+"""A secret FlowX cannot seal is refused, never stored as pydantic's mask (R9.5, R9.8).
 
-Where a field is typed ``Any``, a ``dict``/``list`` without element types, a ``set``, or is a
-model's extra field, the sealer cannot know a ``SecretStr`` may be there, and pydantic's
-serialiser writes ``"**********"`` for it: stored, the secret would be lost without a word.
-The codec finds it (only when the mask is in the text it encoded) and refuses the value by the
-path of the secret. A string that merely is ``"**********"`` is stored as it is.
+Where no declared type lets the sealer find a ``SecretStr`` — a field typed ``Any``, a ``dict``
+or ``list`` without element types, a ``set``, a ``deque``, an extra field, a dict keyed by
+ints, inside a member sealed whole — and for a ``pydantic.Secret[T]``, pydantic's serialiser
+writes ``"**********"`` in its place: stored, the secret would be lost without a word. The
+codec follows each mask in what it is about to store back into the value, and refuses the
+value by the secret's path when a secret is there. Only then: a string that merely is the
+mask, a secret a serialiser wrote out or left out, an empty secret are stored as before.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from collections import deque
+from enum import IntEnum
+from typing import Annotated, Any
 
 import pydantic
 import pytest
-from pydantic import BaseModel, ConfigDict, SecretStr
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    PlainSerializer,
+    RootModel,
+    SecretStr,
+    field_serializer,
+    model_serializer,
+)
 
 import flowx
 from flowx import codec
@@ -30,6 +42,7 @@ class Loose(BaseModel):
     table: dict = {}  # type: ignore[type-arg]
     items: list = []  # type: ignore[type-arg]
     tags: set[Any] = set()
+    queue: deque[SecretStr] = deque()
     pin: pydantic.Secret[int] | None = None
     declared: SecretStr | None = None
     note: str = ""
@@ -48,6 +61,16 @@ class Rows(BaseModel):
     rows: list[Row] = []
 
 
+class Level(IntEnum):
+    ONE = 1
+
+
+class Keyed(BaseModel):
+    by_int: dict[int, SecretStr] = {}
+    by_enum: dict[Level, SecretStr] = {}
+    by_secret: dict[SecretStr, int] = {}
+
+
 @dataclasses.dataclass
 class Holder:
     value: Any = None
@@ -55,64 +78,79 @@ class Holder:
 
 class Marked(BaseModel):
     whole: flowx.Sensitive[Any] = None
+    row: flowx.Sensitive[Row] | None = None
 
 
 def _keys() -> Sealing:
     return Sealing(Keyring.parse(f"k1:{generate_key()}"), "i-1")
 
 
-CASES = [
-    ("an Any field", lambda: Loose(anything=SecretStr(SECRET)), "state.anything"),
-    ("a bare dict", lambda: Loose(table={"k": SecretStr(SECRET)}), "state.table.k"),
-    ("a bare list", lambda: Loose(items=[1, SecretStr(SECRET)]), "state.items[1]"),
-    ("a set", lambda: Loose(tags={SecretStr(SECRET)}), "state.tags[0]"),
-    ("an extra field", lambda: Extra(name="x", token=SecretStr(SECRET)), "state.token"),
-    ("a dataclass's Any field", lambda: Holder(value=SecretStr(SECRET)), "state.value"),
+def _secret() -> SecretStr:
+    return SecretStr(SECRET)
+
+
+UNDECLARED = [
+    ("an Any field", lambda: Loose(anything=_secret()), "state.anything"),
+    ("a bare dict", lambda: Loose(table={"k": _secret()}), "state.table.k"),
+    ("a key no name", lambda: Loose(table={"api-key": _secret()}), "state.table['api-key']"),
+    ("a bare list", lambda: Loose(items=[1, _secret()]), "state.items[1]"),
+    ("a set", lambda: Loose(tags={_secret()}), "state.tags[0]"),
+    ("a deque", lambda: Loose(queue=deque([_secret()])), "state.queue[0]"),
+    ("an extra field", lambda: Extra(name="x", token=_secret()), "state.token"),
+    ("a dataclass's Any field", lambda: Holder(value=_secret()), "state.value"),
+    ("a dict keyed by int", lambda: Keyed(by_int={1: _secret()}), "state.by_int['1']"),
+    ("a dict keyed by enum", lambda: Keyed(by_enum={Level.ONE: _secret()}), "state.by_enum['1']"),
+    ("a root model", lambda: RootModel[Any](_secret()), "state"),
+    ("a root model's list", lambda: RootModel[list[Any]]([_secret()]), "state[0]"),
     (
         "a model in a declared list",
-        lambda: Rows(rows=[Row(value=1), Row(value=SecretStr(SECRET))]),
+        lambda: Rows(rows=[Row(value=1), Row(value=_secret())]),
         "state.rows[1].value",
     ),
     (
         "a model in an Any field",
-        lambda: Loose(anything=Row(value=SecretStr(SECRET))),
+        lambda: Loose(anything=Row(value=_secret())),
         "state.anything.value",
     ),
-    (
-        "a model in a dict",
-        lambda: {"inner": Loose(anything=SecretStr(SECRET))},
-        "state.inner.anything",
-    ),
+    ("a model in a dict", lambda: {"inner": Loose(anything=_secret())}, "state.inner.anything"),
+    ("in a member sealed whole", lambda: Marked(row=Row(value=_secret())), "state.row.value"),
 ]
 
 
 @pytest.mark.parametrize("keys", [True, False], ids=["with-keys", "without-keys"])
-@pytest.mark.parametrize(("what", "make", "path"), CASES, ids=[c[0] for c in CASES])
-def test_a_secret_no_declared_type_covers_is_refused_by_its_path(
+@pytest.mark.parametrize(("what", "make", "path"), UNDECLARED, ids=[c[0] for c in UNDECLARED])
+def test_a_secret_no_declared_type_lets_flowx_seal_is_refused_by_its_path(
     what: str, make: Any, path: str, keys: bool
 ) -> None:
     with codec.sealing(_keys() if keys else None), pytest.raises(SerialisationError) as caught:
         codec.dumps(make(), root="state")
     assert caught.value.path == path, what
     message = str(caught.value)
-    assert message.startswith(f"{path} holds a secret where no declared type says one can be")
-    assert "'**********'" in message and "declare the field's type" in message
+    assert message.startswith(f"{path} holds a secret where no declared type lets FlowX seal it")
+    assert "'**********'" in message and "declare its type where it sits" in message
     assert SECRET not in message
 
 
-def test_a_generic_secret_is_refused_naming_what_to_declare_instead() -> None:
-    with codec.sealing(_keys()), pytest.raises(SerialisationError) as caught:
+def test_a_generic_secret_or_a_secret_key_is_refused_saying_what_to_use_instead() -> None:
+    with codec.sealing(_keys()), pytest.raises(SerialisationError) as generic:
         codec.dumps(Loose(pin=pydantic.Secret[int](4321)), root="input")
-    assert caught.value.path == "input.pin"
-    assert "is a pydantic Secret[...], which FlowX cannot seal" in str(caught.value)
-    assert "SecretStr or SecretBytes" in str(caught.value)
+    assert generic.value.path == "input.pin"
+    assert "is a pydantic Secret[...], which FlowX cannot seal" in str(generic.value)
+    assert "declare it SecretStr or SecretBytes" in str(generic.value)
+    with codec.sealing(_keys()), pytest.raises(SerialisationError) as key:
+        codec.dumps(Keyed(by_secret={_secret(): 1, SecretStr("other-secret"): 2}), root="input")
+    assert key.value.path == "input.by_secret"
+    assert "has a secret as a key" in str(key.value) and SECRET not in str(key.value)
 
 
-def test_a_step_result_with_such_a_secret_is_refused_with_the_steps_code() -> None:
+def test_a_result_sealed_whole_is_refused_rather_than_sealing_the_mask() -> None:
+    """A step's result bound for a sealed field is sealed whole: the mask inside it would be
+    sealed, and lost unseen."""
     with codec.sealing(_keys()), pytest.raises(SerialisationError) as caught:
         codec.dumps(
-            Row(value={"token": SecretStr(SECRET)}),
+            Row(value={"token": _secret()}),
             root="result",
+            whole=True,
             code="step.result_unstorable",
             context="step 'login': the result of auth.login@1",
         )
@@ -121,26 +159,74 @@ def test_a_step_result_with_such_a_secret_is_refused_with_the_steps_code() -> No
     assert str(caught.value).startswith("step 'login': the result of auth.login@1 cannot be stored")
 
 
-def test_the_mask_as_a_plain_string_is_stored_as_it_is() -> None:
-    """No secret behind it: the walk finds none, so nothing is refused — beside a sealed
-    secret, in an Any field, in a plain dict."""
+class Revealed(BaseModel):
+    anything: Any = None
+    note: str = ""
+
+    @field_serializer("anything")
+    def _reveal(self, v: Any) -> Any:
+        return v.get_secret_value() if isinstance(v, SecretStr) else v
+
+
+class Dropped(BaseModel):
+    anything: Any = None
+    note: str = ""
+
+    @model_serializer
+    def _drop(self) -> dict[str, Any]:
+        return {"note": self.note}
+
+
+class Replaced(BaseModel):
+    anything: Annotated[Any, PlainSerializer(lambda v: "seen")] = None
+    note: str = ""
+
+
+def test_where_no_secret_was_masked_nothing_is_refused() -> None:
+    """The mask as a plain string (alone, beside a sealed secret, in a plain dict), a secret
+    a serialiser wrote out or left out, and an empty secret (written as ``""``): stored as
+    they were before."""
     with codec.sealing(_keys()):
         alone = codec.dumps(Loose(anything=MASK, note=MASK), root="state")
-        beside = codec.dumps(Loose(anything=MASK, declared=SecretStr(SECRET)), root="state")
+        beside = codec.dumps(Loose(anything=MASK, declared=_secret()), root="state")
         plain = codec.dumps({"shown": MASK}, root="state")
+        revealed = codec.dumps(Revealed(anything=_secret(), note=MASK), root="state")
+        dropped = codec.dumps(Dropped(anything=_secret(), note=MASK), root="state")
+        replaced = codec.dumps(Replaced(anything=_secret(), note=MASK), root="state")
+        empty = codec.dumps(Loose(anything=SecretStr(""), note=MASK), root="state")
         back = Loose.model_validate(codec.loads(beside, root="state"))
     assert codec.loads(alone)["anything"] == MASK and codec.loads(alone)["note"] == MASK
     assert back.anything == MASK and back.declared is not None
     assert back.declared.get_secret_value() == SECRET and SECRET not in beside
     assert plain == '{"shown":"**********"}'
+    assert codec.loads(revealed) == {"anything": SECRET, "note": MASK}
+    assert codec.loads(dropped) == {"note": MASK}
+    assert codec.loads(replaced) == {"anything": "seen", "note": MASK}
+    assert codec.loads(empty)["anything"] == ""
+
+
+def test_the_mask_nested_as_deep_as_pydantic_allows_is_followed_without_overflowing() -> None:
+    """The search and the following are iterative: a value nested as deep as pydantic
+    serialises neither overflows the stack nor is refused for a plain mask at its bottom,
+    and a secret there is found."""
+    deep: Any = MASK
+    lost: Any = _secret()
+    for _ in range(250):
+        deep, lost = [deep], [lost]
+    with codec.sealing(_keys()):
+        stored = codec.dumps(Row(value=deep), root="state")
+        with pytest.raises(SerialisationError) as caught:
+            codec.dumps(Row(value=lost), root="state")
+    assert stored.count(MASK) == 1
+    assert caught.value.path == "state.value" + "[0]" * 250
 
 
 def test_a_field_marked_sensitive_seals_an_untyped_secret_whole_and_keeps_it() -> None:
     with codec.sealing(_keys()):
-        text = codec.dumps(Marked(whole={"token": SecretStr(SECRET)}), root="state")
+        text = codec.dumps(Marked(whole={"token": _secret()}), root="state")
         back = codec.loads(text, root="state")
     assert MARK in text and SECRET not in text and MASK not in text
-    assert back == {"whole": {"token": SECRET}}
+    assert back == {"row": None, "whole": {"token": SECRET}}
 
 
 def test_an_event_still_shows_such_a_secret_masked() -> None:
@@ -153,5 +239,5 @@ def test_an_event_still_shows_such_a_secret_masked() -> None:
 
     contract = contract_of(Noted)
     assert contract is not None
-    payload = codec.loads(contract.encode(Noted(detail={"token": SecretStr(SECRET)})))
+    payload = codec.loads(contract.encode(Noted(detail={"token": _secret()})))
     assert payload == {"detail": {"token": MASK}}

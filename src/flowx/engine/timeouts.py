@@ -139,13 +139,18 @@ async def _bounded(
     what: str,
 ) -> Any:
     """``invoke_bounded`` without the stop."""
+    # A ``TimeoutError`` the capability raised itself (a socket's, a client library's) is
+    # its own failure, not this bound's: each branch tells them apart before naming it late.
     if cap.is_async:
         if limit is None:  # ``cap.invoke``, inlined: the common attempt
             return await (cap.fn(ctx, argument) if cap.takes_argument else cap.fn(ctx))
+        window = asyncio.timeout(limit)
         try:
-            async with asyncio.timeout(limit):
+            async with window:
                 return await cap.invoke(ctx, argument, executor)
         except TimeoutError:
+            if not window.expired():
+                raise
             raise _late(limit, by_deadline, what) from None
     call = cap.prepared(ctx, argument)
     if executor is None:
@@ -157,12 +162,16 @@ async def _bounded(
         try:
             return await asyncio.wait_for(running, limit)
         except TimeoutError:
+            if running.done() and not running.cancelled():
+                return running.result()  # the call ended by itself: its own outcome
             raise _late(limit, by_deadline, what) from None
     future: Future[Any] = executor.submit(call)
     waiting = asyncio.wrap_future(future)
     try:
         return await asyncio.wait_for(asyncio.shield(waiting), limit)
     except TimeoutError:
+        if waiting.done() and not waiting.cancelled():
+            return waiting.result()  # the call ended by itself: its own outcome
         _abandon(executor, future, waiting)
         raise _late(limit or 0.0, by_deadline, what) from None
     except asyncio.CancelledError:
