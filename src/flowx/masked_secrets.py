@@ -44,23 +44,32 @@ Step = str | int
 def refusal(value: Any, plain: Any, root: str) -> tuple[str, str] | None:
     """Where the first secret of ``value`` is that its JSON form ``plain`` holds as the mask
     (its path under ``root``), and why that is refused and what to do; ``None`` if none is."""
+    follow = _Follower()
     for steps, is_key in _masks(plain):
-        found = _follow(value, steps)
+        try:
+            found = follow(value, steps)
+        except Exception:  # an application's property that raises: nothing to follow
+            found = None
         if found is None:
             continue  # a serialiser reshaped it: nothing to follow the mask back to
         (target,) = found
         if is_key:
-            lost = isinstance(target, dict) and any(isinstance(k, _SECRETS) for k in target)
+            lost = isinstance(target, dict) and any(_masked(k) for k in target)
         else:
-            lost = isinstance(target, _SECRETS)
+            lost = _masked(target)
         if lost:
             return _said(root, steps, target, is_key)
     return None
 
 
+def _masked(value: Any) -> bool:
+    """A secret pydantic writes as the mask (an empty one it writes as ``""``)."""
+    return isinstance(value, _SECRETS) and str(value) == MASK
+
+
 def _said(root: str, steps: tuple[Step, ...], target: Any, is_key: bool) -> tuple[str, str]:
     path = root + "".join(f"[{s}]" if isinstance(s, int) else field_path(s) for s in steps)
-    lost = "pydantic would store '**********' in its place and the value would be lost"
+    lost = "it would be stored as '**********' and the value lost"
     if is_key:
         return path, (
             f"{path} has a secret as a key, which FlowX cannot seal: {lost}; key it by a str "
@@ -72,9 +81,9 @@ def _said(root: str, steps: tuple[Step, ...], target: Any, is_key: bool) -> tupl
             "SecretStr or SecretBytes"
         )
     return path, (
-        f"{path} holds a secret where no declared type lets FlowX seal it: {lost}; declare "
-        "its type where it sits (SecretStr, list[SecretStr], dict[str, SecretStr], a model "
-        "with SecretStr fields)"
+        f"{path} holds a secret FlowX cannot seal there: {lost}; declare its type where it "
+        "sits (a SecretStr field, or a list, a dict keyed by str or a model that declares "
+        "one; not Any, an untyped container, a set or a deque)"
     )
 
 
@@ -117,27 +126,68 @@ def _spelled(link: _Link) -> tuple[Step, ...]:
     return tuple(reversed(steps))
 
 
-def _follow(value: Any, steps: tuple[Step, ...]) -> tuple[Any] | None:
-    """What of ``value`` its JSON form holds at ``steps``; ``None`` when a step leads nowhere
-    (a serialiser of the application's wrote something of another shape)."""
-    for step in steps:
-        value = _unwrapped(value)
-        if isinstance(step, int):
-            if isinstance(value, list | tuple | deque):
-                items: Any = value
-            elif isinstance(value, set | frozenset):
-                items = list(value)  # pydantic writes a set in its iteration order
-            else:
+class _Follower:
+    """Follows a path of a JSON form back into the value it was made from. What a container
+    costs to look into (a set listed, a dict's non-str keys written as text) is done once
+    per container and kept for the call: a value with many masks is followed in linear time."""
+
+    __slots__ = ("_keys", "_listed")
+
+    def __init__(self) -> None:
+        self._listed: dict[int, tuple[Any, list[Any]]] = {}
+        self._keys: dict[int, tuple[Any, dict[str, Any]]] = {}
+
+    def __call__(self, value: Any, steps: tuple[Step, ...]) -> tuple[Any] | None:
+        """What of ``value`` its JSON form holds at ``steps``; ``None`` when a step leads
+        nowhere (a serialiser of the application's wrote something of another shape)."""
+        for step in steps:
+            value = _unwrapped(value)
+            found = self._item(value, step) if isinstance(step, int) else self._member(value, step)
+            if found is None:
                 return None
-            if not 0 <= step < len(items):
-                return None
-            value = items[step]
-            continue
-        member = _member(value, step)
-        if member is None:
+            (value,) = found
+        return (_unwrapped(value),)
+
+    def _item(self, value: Any, index: int) -> tuple[Any] | None:
+        if isinstance(value, list | tuple | deque):
+            items: Any = value
+        elif isinstance(value, set | frozenset):  # pydantic writes a set in iteration order
+            items = self._kept(self._listed, value, lambda: list(value))
+        else:
             return None
-        (value,) = member
-    return (_unwrapped(value),)
+        return (items[index],) if 0 <= index < len(items) else None
+
+    def _member(self, value: Any, key: str) -> tuple[Any] | None:
+        if isinstance(value, BaseModel):
+            name = _stored_fields(type(value)).get(key)
+            if name is not None:
+                return (getattr(value, name, None),)
+            extra = value.__pydantic_extra__ or {}
+            # A computed field is not followed: it is not state (validation ignores it when
+            # the value is read back), and its code would run a second time.
+            return (extra[key],) if key in extra else None
+        if isinstance(value, dict):
+            if key in value:
+                return (value[key],)
+            texts = self._kept(self._keys, value, lambda: _key_texts(value))
+            return (texts[key],) if key in texts else None
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            name = _stored_dataclass_fields(type(value)).get(key)
+            return (getattr(value, name, None),) if name is not None else None
+        return None
+
+    @staticmethod
+    def _kept(cache: dict[int, tuple[Any, Any]], value: Any, make: Any) -> Any:
+        held = cache.get(id(value))
+        if held is None or held[0] is not value:
+            held = (value, make())
+            cache[id(value)] = held
+        return held[1]
+
+
+def _key_texts(value: dict[Any, Any]) -> dict[str, Any]:
+    """A dict's values by the text its non-str keys (ints, enums ...) are written as."""
+    return {key_text(k): v for k, v in value.items() if not isinstance(k, str)}
 
 
 def _unwrapped(value: Any) -> Any:
@@ -146,36 +196,23 @@ def _unwrapped(value: Any) -> Any:
     return value
 
 
-def _member(value: Any, key: str) -> tuple[Any] | None:
-    if isinstance(value, BaseModel):
-        name = _stored_names(type(value)).get(key)
-        if name is not None:
-            return (getattr(value, name, None),)
-        extra = value.__pydantic_extra__ or {}
-        return (extra[key],) if key in extra else None
-    if isinstance(value, dict):
-        if key in value:
-            return (value[key],)
-        for k, v in value.items():  # keyed by ints, enums ...: written as their text
-            if not isinstance(k, str) and key_text(k) == key:
-                return (v,)
-        return None
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        infos = getattr(type(value), "__pydantic_fields__", None) or {}
-        for f in dataclasses.fields(value):
-            info = infos.get(f.name)
-            stored = (info.serialization_alias or info.alias or f.name) if info else f.name
-            if key in (stored, f.name):
-                return (getattr(value, f.name, None),)
-    return None
+@functools.cache
+def _stored_fields(cls: type[BaseModel]) -> dict[str, str]:
+    """A model's fields by the key its JSON form stores each under: its serialisation alias,
+    its alias, or its name (pydantic writes by alias)."""
+    return {
+        (info.serialization_alias or info.alias or name): name
+        for name, info in cls.model_fields.items()
+    }
 
 
 @functools.cache
-def _stored_names(cls: type[BaseModel]) -> dict[str, str]:
-    """A model's fields by the key its JSON form stores each under (its alias, or its
-    name), and by name too."""
-    names = {name: name for name in cls.model_fields}
-    names.update({name: name for name in cls.model_computed_fields})
-    for name, info in cls.model_fields.items():
-        names.setdefault(info.serialization_alias or info.alias or name, name)
-    return names
+def _stored_dataclass_fields(cls: type) -> dict[str, str]:
+    """A dataclass's fields by the key its JSON form stores each under (a pydantic
+    dataclass's alias, or the name)."""
+    infos = getattr(cls, "__pydantic_fields__", None) or {}
+    stored = {}
+    for f in dataclasses.fields(cls):
+        info = infos.get(f.name)
+        stored[(info.serialization_alias or info.alias or f.name) if info else f.name] = f.name
+    return stored

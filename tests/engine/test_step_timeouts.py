@@ -18,7 +18,8 @@ import pytest
 from pydantic import BaseModel
 
 import flowx
-from flowx.engine.timeouts import STEP_TIMED_OUT
+from flowx.capability import capability_of
+from flowx.engine.timeouts import STEP_TIMED_OUT, invoke_bounded
 from flowx.metrics import CAPABILITY_THREADS_STUCK
 from flowx.stores.records import Outcome, StepRecord
 from tests.engine.kit import Ledger, rows_of
@@ -146,7 +147,8 @@ async def test_a_capabilitys_own_timeout_error_is_its_failure_not_a_step_timeout
     assert state == "Failed"
     assert error["type"] == "TimeoutError" and error["message"] == "upstream read timed out"
     assert error["code"] != STEP_TIMED_OUT
-    assert timeout_calls[cap.__name__] == 3  # every attempt ran: none was abandoned
+    assert timeout_calls[cap.__name__] == 3  # every attempt ran
+    assert host.stuck_threads == 0  # and none was abandoned as if it were still running
     rows = [r for r in await rows_of(host, iid) if r.step_name == f"timeouts.{cap.__name__}"]
     assert [flowx.codec.loads(r.result)["message"] for r in rows] == ["upstream read timed out"] * 3
 
@@ -320,3 +322,20 @@ def test_builder_refuses_a_bad_flow_step_timeout(value: Any) -> None:
         _flow("bad_default", hold, step_timeout=value).step(hold).build()
     assert bad.value.code == "FLOWX1025"
     assert "step_timeout=" in str(bad.value)
+
+
+async def test_without_a_host_executor_a_capabilitys_own_timeout_error_is_its_own_too() -> None:
+    """The thread path of a bare run (no host: the loop's default executor), bounded."""
+    cap = capability_of(own_timeout_sync)
+    assert cap is not None
+    with pytest.raises(TimeoutError, match="upstream read timed out") as raised:
+        await invoke_bounded(
+            cap,
+            None,
+            Job(job_id="bare"),
+            None,
+            limit=30.0,
+            by_deadline=False,
+            what="bare",
+        )
+    assert type(raised.value) is TimeoutError  # not StepTimedOut, a TimeoutError subclass

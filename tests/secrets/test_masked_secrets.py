@@ -14,19 +14,22 @@ from __future__ import annotations
 import dataclasses
 from collections import deque
 from enum import IntEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import pydantic
 import pytest
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Field,
     PlainSerializer,
     RootModel,
     SecretStr,
+    computed_field,
     field_serializer,
     model_serializer,
 )
+from pydantic_core import to_jsonable_python
 
 import flowx
 from flowx import codec
@@ -126,7 +129,7 @@ def test_a_secret_no_declared_type_lets_flowx_seal_is_refused_by_its_path(
         codec.dumps(make(), root="state")
     assert caught.value.path == path, what
     message = str(caught.value)
-    assert message.startswith(f"{path} holds a secret where no declared type lets FlowX seal it")
+    assert message.startswith(f"{path} holds a secret FlowX cannot seal there")
     assert "'**********'" in message and "declare its type where it sits" in message
     assert SECRET not in message
 
@@ -241,3 +244,123 @@ def test_an_event_still_shows_such_a_secret_masked() -> None:
     assert contract is not None
     payload = codec.loads(contract.encode(Noted(detail={"token": _secret()})))
     assert payload == {"detail": {"token": MASK}}
+
+
+class Aliased(BaseModel):
+    """One field's name is another's alias: the JSON form stores by alias."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    note: str = Field("", alias="token")
+    token: SecretStr | None = Field(None, alias="tok")
+
+
+class Crossed(BaseModel):
+    a: Any = Field(None, alias="b")
+    b: Any = Field(None, alias="c")
+
+
+def test_fields_are_followed_by_the_key_they_are_stored_under_not_their_names() -> None:
+    with codec.sealing(_keys()):
+        # ``token`` in the JSON form is the field ``note`` (a plain mask), not ``token``.
+        stored = codec.dumps(Aliased(token=MASK, tok=_secret()), root="state")
+        with pytest.raises(SerialisationError) as first:
+            codec.dumps(Crossed(b=_secret(), c=MASK), root="state")
+        with pytest.raises(SerialisationError) as second:
+            codec.dumps(Crossed(b=MASK, c=_secret()), root="state")
+    assert codec.loads(stored)["token"] == MASK and SECRET not in stored
+    assert first.value.path == "state.b"  # field ``a``, stored under its alias ``b``
+    assert second.value.path == "state.c"
+
+
+class ComputedOnce(BaseModel):
+    calls: ClassVar[list[int]] = []
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def shown(self) -> Any:
+        self.calls.append(1)
+        if len(self.calls) > 1:
+            raise RuntimeError("computed twice")
+        return MASK
+
+
+def test_a_computed_field_is_not_run_again_to_follow_a_mask() -> None:
+    """A computed field is not state (reading the value back ignores it): a mask there is
+    not followed, and its code runs once, as pydantic runs it."""
+    ComputedOnce.calls.clear()
+    with codec.sealing(_keys()):
+        text = codec.dumps(ComputedOnce(), root="state")
+    assert codec.loads(text) == {"shown": MASK} and ComputedOnce.calls == [1]
+
+
+def test_an_empty_secret_key_beside_the_mask_as_a_key_is_stored() -> None:
+    """Only a secret pydantic writes as the mask is one lost: an empty one is written ``""``."""
+    with codec.sealing(_keys()):
+        text = codec.dumps(AnyKeyed(value={MASK: 1, SecretStr(""): 2}), root="state")
+    assert codec.loads(text) == {"value": {"": 2, MASK: 1}}
+
+
+def test_many_masks_under_int_keys_and_in_a_set_are_all_followed() -> None:
+    """Masks shown as plain strings, thousands of them under int keys and in a set: each is
+    followed back (the containers looked into once), none is a secret, all are stored."""
+    many = {i: MASK for i in range(3000)}
+    members = {(MASK, i) for i in range(3000)}
+    with codec.sealing(_keys()):
+        keyed = codec.dumps(IntKeyed(value=many), root="state")
+        in_set = codec.dumps(Loose(tags=members), root="state")
+        many[1500] = _secret()  # type: ignore[assignment]
+        with pytest.raises(SerialisationError) as caught:
+            codec.dumps(IntKeyed(value=many), root="state")
+    assert keyed.count(MASK) == 3000 and in_set.count(MASK) == 3000
+    assert caught.value.path == "state.value['1500']"
+
+
+class OwnMask(BaseModel):
+    user: str
+    password: Any = None
+
+    @model_serializer
+    def _shown(self) -> dict[str, Any]:
+        return {"user": self.user, "password": MASK}
+
+
+def test_a_serializer_that_writes_the_mask_over_a_secret_is_refused_too() -> None:
+    """Stored, the value would read back as the mask: the secret lost all the same. Said in
+    the README: write something else there, or leave the secret out of the stored value."""
+    with codec.sealing(_keys()), pytest.raises(SerialisationError) as caught:
+        codec.dumps(OwnMask(user="ada", password=_secret()), root="state")
+    assert caught.value.path == "state.password"
+
+
+def test_a_secret_in_a_set_of_several_is_named_by_its_place_as_written() -> None:
+    """Pydantic writes a set in its iteration order; the path names the secret's place in
+    that order, beside a plain mask and other members."""
+    secret = _secret()
+    value = Loose(tags={"a", "b", MASK, 7, "c", secret})
+    written = to_jsonable_python(value)["tags"]
+    order = list(value.tags)
+    assert written == [MASK if x is secret else x for x in order]  # the order followed
+    with codec.sealing(_keys()), pytest.raises(SerialisationError) as caught:
+        codec.dumps(value, root="state")
+    assert caught.value.path == f"state.tags[{order.index(secret)}]"
+
+
+class IntKeyed(BaseModel):
+    value: dict[int, Any] = {}
+
+
+class AnyKeyed(BaseModel):
+    value: dict[Any, int] = {}
+
+
+def test_a_signal_payload_sealed_whole_in_a_waits_row_is_refused_too() -> None:
+    """A wait's row seals its payload alone (its ``seq`` stays readable): a mask inside the
+    payload is followed back into the payload."""
+    with codec.sealing(_keys()), pytest.raises(SerialisationError) as caught:
+        codec.dumps(
+            {"seq": 1, "payload": Row(value={"otp": _secret()})},
+            root="result",
+            at="/2",
+            whole="payload",
+        )
+    assert caught.value.path == "result.payload.value.otp"

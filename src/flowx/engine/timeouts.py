@@ -162,21 +162,29 @@ async def _bounded(
         try:
             return await asyncio.wait_for(running, limit)
         except TimeoutError:
-            if running.done() and not running.cancelled():
-                return running.result()  # the call ended by itself: its own outcome
+            _raise_own(running)
             raise _late(limit, by_deadline, what) from None
     future: Future[Any] = executor.submit(call)
     waiting = asyncio.wrap_future(future)
     try:
         return await asyncio.wait_for(asyncio.shield(waiting), limit)
     except TimeoutError:
-        if waiting.done() and not waiting.cancelled():
-            return waiting.result()  # the call ended by itself: its own outcome
+        _raise_own(waiting)
         _abandon(executor, future, waiting)
         raise _late(limit or 0.0, by_deadline, what) from None
     except asyncio.CancelledError:
         _abandon(executor, future, waiting)
         raise
+
+
+def _raise_own(call: asyncio.Future[Any]) -> None:
+    """The ``TimeoutError`` the call itself raised, if that is what ended it: its own
+    failure, not the bound's. Anything else (a result or another error arriving as the bound
+    ran out) is left to the bound, as before."""
+    if call.done() and not call.cancelled():
+        own = call.exception()
+        if isinstance(own, TimeoutError):
+            raise own
 
 
 def _abandon(executor: Executor, future: Future[Any], waiting: asyncio.Future[Any]) -> None:
