@@ -297,9 +297,21 @@ def has_loose_fields(cls: type) -> bool:
     return False
 
 
+#: Containers that, declared without element types (``dict``, ``typing.List``), leave their
+#: contents to pydantic's guess as ``Any`` does: a NaN in a bare ``dict`` field was written as
+#: ``null``, a ``set`` as a list, an int key as a str, all without a word.
+_BARE: Final = frozenset({dict, list, set, frozenset, tuple})
+
+
 def _is_loose(annotation: Any) -> bool:
-    """``Any``, ``object`` or no annotation at all: pydantic guesses how to serialise it."""
-    return annotation is Any or annotation is object or annotation is None
+    """``Any``, ``object``, no annotation at all, or a container declared without element
+    types: pydantic guesses how to serialise what it holds."""
+    if annotation is Any or annotation is object or annotation is None:
+        return True
+    if isinstance(annotation, type):
+        return annotation in _BARE
+    origin = typing.get_origin(annotation)  # ``typing.Dict`` bare: origin dict, no args
+    return origin in _BARE and not typing.get_args(annotation) and annotation is not tuple[()]
 
 
 def surrogate_at(s: str) -> int | None:

@@ -6,6 +6,7 @@ field back, so the codec now checks it as a raw value (SPEC R9.5; issue 12 item 
 from __future__ import annotations
 
 import dataclasses
+import typing
 from datetime import datetime
 from typing import Annotated, Any, Optional
 
@@ -107,3 +108,41 @@ def test_a_model_with_no_loose_field_is_not_walked() -> None:
     )
     assert codec_checks.has_loose_fields(Outer) and codec_checks.has_loose_fields(Extra)
     assert codec_checks.has_loose_fields(Record) and codec_checks.has_loose_fields(Holder)
+
+
+class Bare(BaseModel):
+    table: dict = {}  # type: ignore[type-arg]
+    items: list = []  # type: ignore[type-arg]
+    spelled: typing.Dict = {}  # type: ignore[type-arg]  # noqa: UP006 - the typing spelling on purpose
+    typed: dict[str, float] = {}
+
+
+@pytest.mark.parametrize(
+    ("value", "path", "says"),
+    [
+        (Bare(table={"x": float("nan")}), "value.table.x", "is nan"),
+        (Bare(table={"x": {3, 1}}), "value.table.x", "is a set"),
+        (Bare(table={1: "a"}), "value.table", "has the key 1 (int)"),
+        (Bare(items=[1, float("inf")]), "value.items[1]", "is inf"),
+        (Bare(spelled={"b": b"x"}), "value.spelled.b", "is bytes"),
+    ],
+)
+def test_a_container_declared_without_element_types_is_checked_as_loose(
+    value: Any, path: str, says: str
+) -> None:
+    """A bare ``dict`` or ``list`` field leaves its contents to pydantic's guess as ``Any``
+    does: NaN was stored as null, a set as a list, an int key as a str, without a word."""
+    with pytest.raises(SerialisationError) as caught:
+        codec.dumps(value)
+    assert caught.value.path == path
+    assert says in str(caught.value)
+
+
+def test_a_bare_container_of_storable_values_is_stored_as_before() -> None:
+    value = Bare(table={"at": datetime(2024, 5, 1), "pair": (1, 2)}, typed={"x": 1.5})
+    assert codec.loads(codec.dumps(value)) == {
+        "items": [],
+        "spelled": {},
+        "table": {"at": "2024-05-01T00:00:00", "pair": [1, 2]},
+        "typed": {"x": 1.5},
+    }
