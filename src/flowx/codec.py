@@ -55,7 +55,7 @@ from flowx.codec_checks import (
 )
 from flowx.codec_checks import MAX_DEPTH as MAX_DEPTH
 from flowx.errors import SerialisationError
-from flowx.masked_secrets import MASK_JSON, refusal
+from flowx.masked_secrets import MASK, refusal
 from flowx.sealing import scrub as scrub
 from flowx.sealing import sealing as sealing
 
@@ -169,7 +169,7 @@ def _encode(value: Any, root: str, at: str | None = None, whole: bool | str = Fa
     except (ValueError, RecursionError) as exc:  # NaN / Infinity, a cycle, too deep
         refuse_if_found(plain, root, raw=False)
         raise SerialisationError(f"{root} cannot be stored as JSON: {exc}", path=root) from exc
-    if kind != _PLAIN and MASK_JSON in text:  # only models and the like produce the mask
+    if kind != _PLAIN and MASK in text:  # only models and the like produce the mask
         lost = refusal(value, plain, root)
         if lost is not None:
             raise SerialisationError(lost[1], path=lost[0])

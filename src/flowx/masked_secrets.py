@@ -32,8 +32,8 @@ from flowx.codec_checks import field_path, key_text
 
 #: What pydantic writes for a secret, and what displays show for a sealed member.
 MASK: Final = "**********"
-#: The mask as it appears in encoded JSON text.
-MASK_JSON: Final = f'"{MASK}"'
+#: What pydantic writes for a ``SecretBytes`` used as a dict key (its ``str``).
+_BYTES_KEY: Final = f"b'{MASK}'"
 
 #: Every pydantic secret type: ``SecretStr``, ``SecretBytes`` and the generic ``Secret[T]``.
 _SECRETS: Final = (SecretStr, SecretBytes, pydantic.Secret)
@@ -53,18 +53,25 @@ def refusal(value: Any, plain: Any, root: str) -> tuple[str, str] | None:
         if found is None:
             continue  # a serialiser reshaped it: nothing to follow the mask back to
         (target,) = found
-        if is_key:
-            lost = isinstance(target, dict) and any(_masked(k) for k in target)
-        else:
-            lost = _masked(target)
+        try:
+            if is_key:
+                lost = isinstance(target, dict) and any(_masked(k) for k in target)
+            else:
+                lost = _masked(target)
+        except Exception:  # a secret type of the application's that fails to say its value
+            lost = False
         if lost:
             return _said(root, steps, target, is_key)
     return None
 
 
 def _masked(value: Any) -> bool:
-    """A secret pydantic writes as the mask (an empty one it writes as ``""``)."""
-    return isinstance(value, _SECRETS) and str(value) == MASK
+    """A secret pydantic writes as the mask (an empty one it writes as ``""``). Judged by
+    its value, as pydantic judges it: a subclass's own ``__str__`` does not change what is
+    written."""
+    if isinstance(value, SecretStr | SecretBytes):
+        return bool(value.get_secret_value())
+    return isinstance(value, pydantic.Secret) and str(value) == MASK
 
 
 def _said(root: str, steps: tuple[Step, ...], target: Any, is_key: bool) -> tuple[str, str]:
@@ -100,7 +107,7 @@ def _masks(plain: Any) -> Iterator[tuple[tuple[Step, ...], bool]]:
     while stack:
         node, link = stack.pop()
         if type(node) is dict:
-            if MASK in node:
+            if MASK in node or _BYTES_KEY in node:
                 yield _spelled(link), True
             pairs: Iterator[tuple[Step, Any]] = iter(node.items())
         else:

@@ -40,7 +40,7 @@ from flowx.keyring import Keyring as Keyring
 from flowx.keyring import KeysError as KeysError
 from flowx.keyring import generate_key as generate_key
 from flowx.masked_secrets import MASK as MASK
-from flowx.masked_secrets import MASK_JSON, refusal
+from flowx.masked_secrets import refusal
 
 T = TypeVar("T")
 
@@ -401,7 +401,7 @@ class Sealer:
         instance's error messages. A secret pydantic wrote as its mask inside it is refused,
         as outside (``flowx.masked_secrets``): sealed, the mask would be lost unseen."""
         text = _canonical(plain)
-        if MASK_JSON in text:
+        if MASK in text:
             lost = refusal(value, plain, path)
             if lost is not None:
                 raise SerialisationError(lost[1], path=lost[0])

@@ -24,6 +24,7 @@ from pydantic import (
     Field,
     PlainSerializer,
     RootModel,
+    SecretBytes,
     SecretStr,
     computed_field,
     field_serializer,
@@ -92,8 +93,18 @@ def _secret() -> SecretStr:
     return SecretStr(SECRET)
 
 
+class Hidden(SecretStr):
+    """A secret type of the application's that shows itself its own way: pydantic still
+    writes the mask for it."""
+
+    def __str__(self) -> str:
+        return "<hidden>"
+
+
 UNDECLARED = [
     ("an Any field", lambda: Loose(anything=_secret()), "state.anything"),
+    ("secret bytes", lambda: Loose(anything=SecretBytes(b"s3cret")), "state.anything"),
+    ("a subclass", lambda: Loose(items=[Hidden(SECRET)]), "state.items[0]"),
     ("a bare dict", lambda: Loose(table={"k": _secret()}), "state.table.k"),
     ("a key no name", lambda: Loose(table={"api-key": _secret()}), "state.table['api-key']"),
     ("a bare list", lambda: Loose(items=[1, _secret()]), "state.items[1]"),
@@ -142,6 +153,9 @@ def test_a_generic_secret_or_a_secret_key_is_refused_saying_what_to_use_instead(
     assert "declare it SecretStr or SecretBytes" in str(generic.value)
     with codec.sealing(_keys()), pytest.raises(SerialisationError) as key:
         codec.dumps(Keyed(by_secret={_secret(): 1, SecretStr("other-secret"): 2}), root="input")
+    with codec.sealing(_keys()), pytest.raises(SerialisationError) as byte_key:
+        codec.dumps(AnyKeyed(value={SecretBytes(b"s3cret"): 1}), root="input")
+    assert byte_key.value.path == "input.value" and "has a secret as a key" in str(byte_key.value)
     assert key.value.path == "input.by_secret"
     assert "has a secret as a key" in str(key.value) and SECRET not in str(key.value)
 
