@@ -44,8 +44,6 @@ from flowx.masked_secrets import refusal
 
 T = TypeVar("T")
 
-#: What every display shows in place of a sensitive member.
-
 
 class SensitiveMark:
     """The ``Annotated`` marker behind ``flowx.Sensitive[T]``."""
