@@ -1,16 +1,22 @@
 """What the trimmed step path (issue 14) must still do as before: the live run goes on with
 the value a replay reads back from the row (R2.5), and the run's result is the state the
-journal holds at its end."""
+journal holds at its end; fork branches' commits still take turns, the state copy a result
+is validated into is pydantic's, and this run's own commits are indexed as rows would be."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from typing import Any
+from typing import Any, ClassVar
 
-from pydantic import BaseModel
+import pytest
+from pydantic import BaseModel, ConfigDict, PrivateAttr
 
 import flowx
 from flowx import codec
+from flowx.engine.history import History
+from flowx.engine.run import _copied
+from flowx.stores.records import Outcome, StepWrite
 from tests.engine import kit
 from tests.engine.kit import rows_of
 
@@ -78,3 +84,182 @@ async def test_the_result_is_the_state_the_instance_ended_with(host_factory: Any
     here = await handle.result()  # this node's RunResult
     stored = codec.loads((await host.get(handle.instance_id)).state_bag)
     assert here.model_dump() == stored == {"note": "a", "seen": ["counted"]}
+
+
+# -- fork branches take turns only once there are branches (Run.branching) -----------------
+
+arrived = {"left": asyncio.Event(), "right": asyncio.Event()}
+
+
+@flowx.capability("lean.left", version="1.0.0")
+async def left(ctx: flowx.StepContext, order: kit.Order) -> str:
+    arrived["left"].set()
+    return "L"
+
+
+@flowx.capability("lean.right", version="1.0.0")
+async def right(ctx: flowx.StepContext, order: kit.Order) -> str:
+    arrived["right"].set()
+    return "R"
+
+
+class Sides(BaseModel):
+    left: str | None = None
+    right: str | None = None
+
+
+class _CrossingJournal:
+    """A journal whose fork-branch commits each wait until the other branch's capability has
+    returned: two branch commits are then under way at once unless the run makes them take
+    turns. Everything else goes straight through."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    async def commit(self, commit: Any) -> Any:
+        step = commit.step
+        if step is not None and step.step_name in arrived:
+            other = "right" if step.step_name == "left" else "left"
+            await asyncio.wait_for(arrived[other].wait(), timeout=5)
+        return await self._inner.commit(commit)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class _Crossing:
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.journal = _CrossingJournal(inner.journal)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+async def test_fork_branches_committing_at_once_each_keep_their_field(
+    host_factory: Any, memory_store: Any
+) -> None:
+    """A run commits without a lock until a fork starts branches; from then on the branches'
+    commits take turns, so one branch's state snapshot never drops the other's field."""
+    for event in arrived.values():
+        event.clear()
+    plan = (
+        flowx.flow("lean.sides", version="1", input=kit.Order, state=Sides)
+        .fork(
+            "both",
+            lambda b: b.step(left, name="left", into="left"),
+            lambda b: b.step(right, name="right", into="right"),
+        )
+        .build()
+    )
+    host = await host_factory(plan, store=_Crossing(memory_store))
+    handle = await host.start(plan, kit.Order(order_id="s1"))
+    state = await handle.result(timeout=10)
+    assert (state.left, state.right) == ("L", "R")
+    stored = codec.loads((await host.get(handle.instance_id)).state_bag)
+    assert stored == {"left": "L", "right": "R"}
+
+
+# -- the state copy a step's result is validated into (run._copied) ------------------------
+
+
+class Plain(BaseModel):
+    last: int | None = None
+    items: list[int] = []
+
+
+class Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    last: int | None = None
+
+
+class Private(BaseModel):
+    last: int | None = None
+    _seen: list[str] = PrivateAttr(default_factory=list)
+
+
+class OwnCopy(BaseModel):
+    last: int | None = None
+    copies: ClassVar[int] = 0
+
+    def __copy__(self) -> OwnCopy:
+        OwnCopy.copies += 1
+        return super().__copy__()
+
+
+def _parts(model: BaseModel) -> tuple[Any, ...]:
+    return (
+        type(model),
+        model.__dict__,
+        model.__pydantic_fields_set__,
+        model.__pydantic_extra__,
+        model.__pydantic_private__,
+    )
+
+
+@pytest.mark.parametrize(
+    "original",
+    [
+        Plain(last=1, items=[1, 2]),
+        Plain(),
+        Open(last=2, note="kept", more=[1]),
+        Private(last=3),
+    ],
+    ids=["plain", "defaults", "extra fields", "private attributes"],
+)
+def test_the_state_copy_is_pydantics_shallow_copy(original: BaseModel) -> None:
+    if isinstance(original, Private):
+        original._seen.append("x")
+    copied = _copied(original)
+    assert copied is not original
+    assert _parts(copied) == _parts(original.model_copy())
+    # Its own containers: assigning a field of the copy leaves the original as it was.
+    Validator = type(original).__pydantic_validator__
+    Validator.validate_assignment(copied, "last", 9)
+    assert original.last != 9 and copied.last == 9
+    assert "last" in copied.__pydantic_fields_set__
+    if isinstance(original, Open):
+        assert copied.__pydantic_extra__ is not original.__pydantic_extra__
+
+
+def test_a_model_with_its_own_copy_is_copied_by_it() -> None:
+    before = OwnCopy.copies
+    copied = _copied(OwnCopy(last=1))
+    assert OwnCopy.copies == before + 1 and copied.last == 1
+
+
+# -- the index of this run's own commits (History.committed) -------------------------------
+
+
+def _write(outcome: Outcome, attempt: int = 1) -> StepWrite:
+    return StepWrite(
+        scope="",
+        step_id=1,
+        attempt=attempt,
+        step_name="s",
+        outcome=outcome,
+        result=codec.dumps({"message": "m"}) if outcome is not Outcome.SUCCESS else "1",
+        capability_id="c",
+        capability_version="2",
+        duration_ms=0,
+    )
+
+
+@pytest.mark.parametrize(
+    "earlier",
+    [(), (Outcome.FAILURE,), (Outcome.SUCCESS,)],
+    ids=["a first success", "a success after a failure", "a second success"],
+)
+def test_a_committed_success_is_indexed_as_the_row_would_be(earlier: tuple[Outcome]) -> None:
+    plan = flowx.flow("lean.index", version="1", input=kit.Order).step(plain, name="s").build()
+    direct, through_rows = (History(plan, "i", (), None) for _ in range(2))
+    writes = [_write(o, n + 1) for n, o in enumerate(earlier)]
+    writes.append(_write(Outcome.SUCCESS, len(writes) + 1))
+    for w in writes:
+        direct.committed(("", 1), w)
+        through_rows._absorb(
+            ("", 1), w.attempt, w.outcome, w.result, w.nondeterministic,
+            w.capability_version, None,
+        )  # fmt: skip
+    assert direct.attempts == through_rows.attempts
+    assert direct.of(("", 1)).last_attempt == len(writes)

@@ -25,7 +25,7 @@ from typing import Any
 from flowx import codec
 from flowx.errors import NonDeterminismError
 from flowx.plan.model import AwaitSignalNode, Plan, StepNode, SubFlowNode, walk
-from flowx.stores.records import Outcome, StepRecord, StepWrite
+from flowx.stores.records import Outcome, StepRecord, StepWrite, blank
 
 #: Commit order of a step: ``(0, sequence)`` for a journaled row, ``(1, n)`` for this run's
 #: n-th commit. Compensation runs in reverse of it, which is the order the effects happened
@@ -152,7 +152,20 @@ class History:
         return self.attempts.setdefault(key, Attempts())
 
     def committed(self, key: tuple[str, int], step: StepWrite) -> None:
-        """This run's own commit, absorbed as a row would be."""
+        """This run's own commit, absorbed as a row would be. The step commit's usual case —
+        the first success of a step, no replay from a chosen step under way — is what
+        ``_absorb`` makes of it, made directly."""
+        if (
+            step.outcome is Outcome.SUCCESS
+            and self.replay_from is None
+            and key not in self.attempts
+        ):
+            fresh = blank(Attempts)  # one per step: built as ``blank`` says, without a dict
+            Attempts.__init__(
+                fresh, last_attempt=step.attempt, capability_version=step.capability_version
+            )
+            self.attempts[key] = fresh
+            return
         self._absorb(
             key,
             step.attempt,

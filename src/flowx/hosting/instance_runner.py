@@ -350,9 +350,9 @@ class InstanceRunner:
             spec,
             RunPorts(
                 committer=(
-                    DurableCommitter(ctx, spec.instance_id, lease, spec.plan.flow_id)
+                    DurableCommitter(ctx, spec.instance_id, lease, spec.plan.flow_id).commit
                     if lease is not None
-                    else EphemeralCommitter()
+                    else EphemeralCommitter().commit
                 ),
                 clock=ctx.clock,
                 registry=ctx.registry,

@@ -350,6 +350,7 @@ async def fork(run: Run, node: ForkNode, scope: str, item: Any, has_item: bool) 
     fails stops its siblings at their next boundary; then the usual path compensates
     every step that finished, in any branch, newest first."""
     prefix = f"{scope}/" if scope else ""
+    run.branching()
     tasks = [
         asyncio.get_running_loop().create_task(
             run.walk(branch, f"{prefix}{node.step_id}.{i}", item, has_item)
