@@ -1,10 +1,11 @@
 """The state of one run, and the only code that writes it: commits, seals, the state model.
 
 Node kinds (``engine/nodes``) and the saga (``engine/saga.py``) all act on a ``Run``: they
-read the history index, compute, and commit through ``Run.write`` — which serialises commits
-(fork branches commit concurrently), applies results to the state under the same lock, and
-feeds each commit back into the index. Losing the right to write, at any of these points,
-becomes ``Halt.abort``; nothing here decides what a halt means for the instance.
+read the history index, compute, and commit through ``Run.write`` — which makes commits take
+turns once fork branches commit concurrently (a lock from ``Run.branching`` on), applies
+results to the state in the same turn, and feeds each commit back into the index. Losing the
+right to write, at any of these points, becomes ``Halt.abort``; nothing here decides what a
+halt means for the instance.
 """
 
 from __future__ import annotations
@@ -74,10 +75,13 @@ def _copied(model: BaseModel) -> BaseModel:
     """``model.model_copy()``: a shallow copy, made as pydantic's ``__copy__`` makes it but
     without its three ``copy.copy`` calls (each a generic dispatch on a dict, a set, a
     ``None``) — this runs on every step commit that writes the state. A model with private
-    attributes, or a ``__copy__`` of its own, is copied by pydantic as before."""
+    attributes, or a ``__copy__`` or ``model_copy`` of its own, is copied by pydantic (and
+    its own method) as before."""
     cls = type(model)
-    if getattr(model, "__pydantic_private__", None) is not None or (
-        cls.__copy__ is not BaseModel.__copy__
+    if (
+        getattr(model, "__pydantic_private__", None) is not None
+        or cls.__copy__ is not BaseModel.__copy__
+        or cls.model_copy is not BaseModel.model_copy
     ):
         return model.model_copy()
     fresh = cls.__new__(cls)
@@ -184,8 +188,8 @@ class Run:
         state: InstanceState | None = None,
         error: dict[str, Any] | None = None,
     ) -> None:
-        """Commit one row. ``apply=(into, value)`` puts a result into the state under the
-        commit lock, so concurrent fork branches never overwrite each other's fields.
+        """Commit one row. ``apply=(into, value)`` puts a result into the state in the
+        commit's turn, so concurrent fork branches never overwrite each other's fields.
         ``prepared=(base, new, bag)`` is that state (and its encoding, if known) already
         computed from ``base``: used as is when no other branch moved the state meanwhile
         (always, outside a fork)."""
@@ -426,7 +430,7 @@ class Run:
             attempt=attempt,
             generation=self.history.of((scope, node.step_id)).generation,
         )
-        if recorded is None and not compensating:  # a step's first attempt: the usual one
+        if recorded is None and step_result is None and not compensating:  # the usual one
             return StepContext(where, self.clock)
         return StepContext(
             where,

@@ -40,12 +40,14 @@ _new = object.__new__
 
 
 def blank(cls: type[_R]) -> _R:
-    """An instance of the record class ``cls`` with no field set yet, to be set by
-    ``cls.__init__(it, field=..., ...)`` at once: that builds the record ``cls(field=...)``
-    builds, and is what the step commit does for the two records it makes per step. Called
-    with keyword arguments, a class goes through ``type.__call__``, which on CPython 3.11
-    packs them into a dict and unpacks it again for ``__init__`` (0.88 against 0.46 µs for
-    a ``StepWrite``); ``__init__`` called directly takes them as they are."""
+    """An instance of the dataclass ``cls`` (a record, or any slotted dataclass without a
+    ``__new__`` or ``__post_init__`` of its own) with no field set yet, to be set at once by
+    ``cls.__init__(it, field=..., ...)``: that builds what ``cls(field=...)`` builds. The
+    step path builds its per-step records so (a ``StepWrite``, a ``StepCommit``, the
+    history's ``Done`` and ``Attempts``). Called with keyword arguments, a class goes
+    through ``type.__call__``, which on CPython 3.11 packs them into a dict and unpacks it
+    again for ``__init__`` (0.88 against 0.46 µs for a ``StepWrite``); ``__init__`` called
+    directly takes them as they are."""
     made: _R = _new(cls)
     return made
 
