@@ -69,6 +69,9 @@ class _Alone:
 _ALONE = _Alone()
 
 _set = object.__setattr__
+#: Whether a state model class copies itself (its own ``__copy__`` or ``model_copy``). State
+#: models are a plan's, made once: the classes this keeps are kept by their plans anyway.
+_COPIES_ITSELF: dict[type, bool] = {}
 
 
 def _copied(model: BaseModel) -> BaseModel:
@@ -78,11 +81,11 @@ def _copied(model: BaseModel) -> BaseModel:
     attributes, or a ``__copy__`` or ``model_copy`` of its own, is copied by pydantic (and
     its own method) as before."""
     cls = type(model)
-    if (
-        getattr(model, "__pydantic_private__", None) is not None
-        or cls.__copy__ is not BaseModel.__copy__
-        or cls.model_copy is not BaseModel.model_copy
-    ):
+    own = _COPIES_ITSELF.get(cls)
+    if own is None:  # asked once a class: a model class's attributes are slow to look up
+        own = cls.__copy__ is not BaseModel.__copy__ or cls.model_copy is not BaseModel.model_copy
+        _COPIES_ITSELF[cls] = own
+    if own or getattr(model, "__pydantic_private__", None) is not None:
         return model.model_copy()
     fresh = cls.__new__(cls)
     _set(fresh, "__dict__", model.__dict__.copy())
