@@ -144,6 +144,7 @@ def dumps(
 
 def _encode(value: Any, root: str, at: str | None = None, whole: bool | str = False) -> str:
     kind = _scan(value)
+    sealed: list[int] | tuple[()] = ()  # the secrets a sealer sealed into ``plain``
     if kind == _PLAIN:
         plain = value
     else:
@@ -162,6 +163,7 @@ def _encode(value: Any, root: str, at: str | None = None, whole: bool | str = Fa
             where = root if at is None else f"{root}:{at}"
             sealer = _sealing.Sealer(_sealing.current(), where)
             plain = _sealable(plain, root, lambda: sealer.plain(value, plain, root))
+            sealed = sealer.sealed
     if whole:
         plain = _sealable(plain, root, lambda: _sealed_whole(value, plain, root, at, whole))
     try:
@@ -170,7 +172,7 @@ def _encode(value: Any, root: str, at: str | None = None, whole: bool | str = Fa
         refuse_if_found(plain, root, raw=False)
         raise SerialisationError(f"{root} cannot be stored as JSON: {exc}", path=root) from exc
     if kind != _PLAIN and MASK in text:  # only models and the like produce the mask
-        lost = refusal(value, plain, root)
+        lost = refusal(value, plain, root, sealed)
         if lost is not None:
             raise SerialisationError(lost[1], path=lost[0])
     if not text.isascii():

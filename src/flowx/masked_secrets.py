@@ -12,7 +12,11 @@ What is checked is what was actually written, not what the types promise: the JS
 to be stored (after sealing) is searched for the mask, and each place that holds it is followed
 back into the value. Only where the value there *is* a secret was one lost; a string that
 merely is ``"**********"``, a secret a serialiser wrote out or left out, an empty secret
-(written as ``""``) are stored as they are. Each caller looks for the mask in the text it
+(written as ``""``) are stored as they are. A mask that leads nowhere in the value (a
+serialiser of the application's moved it, a ``TypedDict`` key stored under its alias, a dict
+key written by its own serialiser) cannot be told apart from a moved secret: the value is then
+refused if it holds a secret that was not sealed, and stored otherwise. Each caller looks for
+the mask in the text it
 encoded first (one C-level substring search), so a value without it costs nothing more; the
 search and the following are iterative, so no nesting makes them overflow the stack.
 """
@@ -21,8 +25,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections import deque
-from collections.abc import Iterator
+from collections import Counter, deque
+from collections.abc import Collection, Iterator
 from typing import Any, Final
 
 import pydantic
@@ -41,17 +45,28 @@ _SECRETS: Final = (SecretStr, SecretBytes, pydantic.Secret)
 Step = str | int
 
 
-def refusal(value: Any, plain: Any, root: str) -> tuple[str, str] | None:
+def refusal(
+    value: Any, plain: Any, root: str, sealed: Collection[int] = ()
+) -> tuple[str, str] | None:
     """Where the first secret of ``value`` is that its JSON form ``plain`` holds as the mask
-    (its path under ``root``), and why that is refused and what to do; ``None`` if none is."""
+    (its path under ``root``), and why that is refused and what to do; ``None`` if none is.
+
+    ``sealed``: the ``id`` of each secret the sealer sealed into ``plain`` (once per place).
+    A mask that leads nowhere in ``value`` (a serialiser of the application's moved it, a
+    ``TypedDict`` key stored under its alias, a dict key written by its own serialiser) may
+    be a secret's all the same: it is refused if ``value`` holds a secret that was not
+    sealed, since nothing then shows where that secret went (``_unaccounted``)."""
     follow = _Follower()
+    astray: tuple[Step, ...] | None = None
     for steps, is_key in _masks(plain):
         try:
             found = follow(value, steps)
         except Exception:  # an application's property that raises: nothing to follow
             found = None
-        if found is None:
-            continue  # a serialiser reshaped it: nothing to follow the mask back to
+        if found is None:  # a serialiser reshaped it: judged once all masks are followed
+            if astray is None:
+                astray = steps
+            continue
         (target,) = found
         try:
             if is_key:
@@ -62,7 +77,87 @@ def refusal(value: Any, plain: Any, root: str) -> tuple[str, str] | None:
             lost = False
         if lost:
             return _said(root, steps, target, is_key)
+    if astray is not None:
+        return _unaccounted(value, root, astray, sealed)
     return None
+
+
+def _unaccounted(
+    value: Any, root: str, astray: tuple[Step, ...], sealed: Collection[int]
+) -> tuple[str, str] | None:
+    """The first secret of ``value`` that was not sealed, refused for the mask at ``astray``
+    that could not be followed back: had it been written out, left out or sealed, nothing
+    would say so; stored as the mask, it would be lost. ``None`` when every secret of
+    ``value`` was sealed (or it holds none): the mask is then an ordinary string."""
+    left = Counter(sealed)
+    for path, secret in _secrets(value):
+        if left[id(secret)] > 0:
+            left[id(secret)] -= 1
+            continue
+        at = root + path
+        where = _spelled_path(root, astray)
+        return at, (
+            f"{at} holds a secret the stored form does not keep in its place: "
+            f"'**********' is stored at {where} instead (put there by a serialiser of the "
+            "application's, a TypedDict key's alias or a dict key's own serialiser), and the "
+            "secret would be lost; keep a secret where FlowX can seal it (a field declared "
+            "SecretStr or SecretBytes, stored under its own key, not moved by a serialiser), "
+            "or leave it out of the stored value"
+        )
+    return None
+
+
+#: Containers ``_secrets`` looks into before it stops: it also bounds a value that contains
+#: itself.
+_SECRETS_BUDGET: Final = 100_000
+
+
+def _secrets(value: Any) -> Iterator[tuple[str, Any]]:
+    """Each secret pydantic would write as the mask anywhere in ``value`` (models, their
+    extra fields, dataclasses, dicts, their keys too, lists, tuples, sets, deques), with its
+    path by attribute names and keys. Plain attribute reads only: no property, computed field
+    or serialiser of the application's runs."""
+    stack: list[tuple[Any, str]] = [(value, "")]
+    budget = _SECRETS_BUDGET
+    while stack and budget > 0:
+        budget -= 1
+        v, path = stack.pop()
+        try:
+            if _masked(v):
+                yield path, v
+                continue
+        except Exception:  # a secret type of the application's that fails to say its value
+            continue
+        if isinstance(v, _SECRETS):
+            continue  # an empty secret: written as ""
+        children: list[tuple[Any, str]] = []
+        if isinstance(v, RootModel):  # its JSON form is its root's
+            children = [(v.root, "")]
+        elif isinstance(v, BaseModel):
+            fields = vars(v)
+            children = [(fields[n], f".{n}") for n in type(v).model_fields if n in fields]
+            extra = v.__pydantic_extra__ or {}
+            children += [(x, _key_step(k)) for k, x in extra.items()]
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                children.append((x, _key_step(k)))
+                if isinstance(k, _SECRETS):
+                    children.append((k, f"{_key_step(k)} (the key)"))
+        elif isinstance(v, list | tuple | deque | set | frozenset):
+            children = [(x, f"[{i}]") for i, x in enumerate(v)]
+        elif dataclasses.is_dataclass(v) and not isinstance(v, type):
+            children = [(getattr(v, f.name, None), f".{f.name}") for f in dataclasses.fields(v)]
+        stack.extend((x, path + step) for x, step in reversed(children))
+
+
+def _key_step(key: Any) -> str:
+    if isinstance(key, str):
+        return field_path(key)
+    return f"[{key!r}]"
+
+
+def _spelled_path(root: str, steps: tuple[Step, ...]) -> str:
+    return root + "".join(f"[{s}]" if isinstance(s, int) else field_path(s) for s in steps)
 
 
 def _masked(value: Any) -> bool:
@@ -75,7 +170,7 @@ def _masked(value: Any) -> bool:
 
 
 def _said(root: str, steps: tuple[Step, ...], target: Any, is_key: bool) -> tuple[str, str]:
-    path = root + "".join(f"[{s}]" if isinstance(s, int) else field_path(s) for s in steps)
+    path = _spelled_path(root, steps)
     lost = "it would be stored as '**********' and the value lost"
     if is_key:
         return path, (

@@ -312,16 +312,20 @@ class Sealer:
     and each ``exclude=True`` member, which pydantic leaves out (the flow's code needs it
     when the instance resumes). Walks only models and the containers around them."""
 
-    __slots__ = ("active", "where")
+    __slots__ = ("active", "sealed", "where")
     #: The journal keeps ``exclude=True`` members; an event leaves them out as pydantic does.
     keeps_excluded = True
 
     def __init__(self, active: Sealing | None, where: str) -> None:
         self.active = active
         self.where = where
+        #: The ``id`` of each secret sealed, once per place: a mask the codec cannot follow
+        #: back is a lost secret only if some secret was not sealed (``masked_secrets``).
+        self.sealed: list[int] = []
 
     def plain(self, value: Any, plain: Any, path: str) -> Any:
         if isinstance(value, SecretStr | SecretBytes):
+            self.sealed.append(id(value))
             secret = value.get_secret_value()
             if isinstance(secret, str):
                 return self.seal(secret.encode(), SEAL_STR, path, secret)
@@ -400,7 +404,7 @@ class Sealer:
         as outside (``flowx.masked_secrets``): sealed, the mask would be lost unseen."""
         text = _canonical(plain)
         if MASK in text:
-            lost = refusal(value, plain, path)
+            lost = refusal(value, plain, path, self.sealed)
             if lost is not None:
                 raise SerialisationError(lost[1], path=lost[0])
         if self.active is not None and remember:  # without keys, ``seal`` refuses it below

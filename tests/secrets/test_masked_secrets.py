@@ -31,6 +31,7 @@ from pydantic import (
     model_serializer,
 )
 from pydantic_core import to_jsonable_python
+from typing_extensions import TypedDict
 
 import flowx
 from flowx import codec
@@ -378,3 +379,117 @@ def test_a_signal_payload_sealed_whole_in_a_waits_row_is_refused_too() -> None:
             whole="payload",
         )
     assert caught.value.path == "result.payload.value.otp"
+
+
+# -- a mask that leads nowhere in the value ------------------------------------------------
+
+
+class MovedAny(BaseModel):
+    """A serialiser of the application's that moves an untyped secret elsewhere."""
+
+    pw: Any = None
+
+    @model_serializer
+    def _moved(self) -> dict[str, Any]:
+        return {"creds": [self.pw]}
+
+
+class MovedDeclared(BaseModel):
+    """The same with the secret declared: sealed under its own key, kept."""
+
+    pw: SecretStr
+
+    @model_serializer
+    def _moved(self) -> dict[str, Any]:
+        return {"creds": {"pw": self.pw}}
+
+
+class MovedText(BaseModel):
+    """A serialiser that moves a plain string that happens to be the mask."""
+
+    note: str = ""
+    declared: SecretStr | None = None
+
+    @model_serializer
+    def _moved(self) -> dict[str, Any]:
+        return {"notes": [self.note], "declared": self.declared}
+
+
+class AliasedKeys(TypedDict):
+    token: Annotated[Any, Field(alias="tok")]
+
+
+class WithAliasedKeys(BaseModel):
+    keys: AliasedKeys
+
+
+OwnKey = Annotated[int, PlainSerializer(lambda k: f"key-{k}")]
+
+
+class OwnKeyed(BaseModel):
+    table: dict[OwnKey, Any] = {}
+
+
+ASTRAY = [
+    ("moved by a model serializer", lambda: MovedAny(pw=_secret()), "state.pw", "state.creds[0]"),
+    (
+        "a TypedDict key's alias",
+        lambda: WithAliasedKeys(keys={"tok": _secret()}),
+        "state.keys.token",
+        "state.keys.tok",
+    ),
+    (
+        "a dict key's own serializer",
+        lambda: OwnKeyed(table={1: _secret()}),
+        "state.table[1]",
+        "state.table['key-1']",
+    ),
+    (
+        "inside a member sealed whole",
+        lambda: Marked(whole=MovedAny(pw=_secret())),
+        "state.whole.pw",
+        "state.whole.creds[0]",
+    ),
+]
+
+
+#: Each case with keys and without, but a member marked ``Sensitive``: without keys that is
+#: refused for the keys it lacks before anything is followed.
+ASTRAY_KEYED = [
+    pytest.param(*case, keys, id=f"{case[0]}-{'with' if keys else 'without'}-keys")
+    for case in ASTRAY
+    for keys in (True, False)
+    if keys or case[0] != "inside a member sealed whole"
+]
+
+
+@pytest.mark.parametrize(("what", "make", "path", "mask", "keys"), ASTRAY_KEYED)
+def test_a_mask_that_leads_nowhere_is_refused_when_a_secret_was_not_sealed(
+    what: str, make: Any, path: str, mask: str, keys: bool
+) -> None:
+    """R9.5, R9.8: the mask cannot be followed back to the secret it stands for (a serialiser,
+    an alias or a key's serialiser moved it), so where the value holds a secret the sealer did
+    not seal, it is refused by the secret's path, saying where the mask was."""
+    with codec.sealing(_keys() if keys else None), pytest.raises(SerialisationError) as caught:
+        codec.dumps(make(), root="state")
+    assert caught.value.path == path, what
+    message = str(caught.value)
+    assert message.startswith(f"{path} holds a secret the stored form does not keep in its place")
+    assert f"'**********' is stored at {mask} instead" in message
+    assert "keep a secret where FlowX can seal it" in message and SECRET not in message
+
+
+def test_a_mask_that_leads_nowhere_beside_only_sealed_secrets_is_stored() -> None:
+    """Every secret of the value sealed, a mask that leads nowhere is a string like any other:
+    a secret sealed under its own key while a serialiser also moved it, and a plain string
+    that is the mask moved beside a sealed secret, are stored, the secret kept."""
+    with codec.sealing(_keys()):
+        moved = codec.dumps(MovedDeclared(pw=_secret()), root="state")
+        text = codec.dumps(MovedText(note=MASK, declared=_secret()), root="state")
+        bare = codec.dumps(MovedText(note=MASK), root="state")
+        back = MovedDeclared.model_validate(codec.loads(moved, root="state"))
+        text_back = codec.loads(text, root="state")
+    assert back.pw.get_secret_value() == SECRET and SECRET not in moved
+    assert text_back["notes"] == [MASK]
+    assert text_back["declared"] == SECRET and SECRET not in text
+    assert codec.loads(bare) == {"notes": [MASK], "declared": None}
