@@ -95,19 +95,21 @@ async def run_level(
     *,
     make_store: Callable[[str], Any] = flowx.from_url,
     warm_together: bool = False,
+    settings: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One level of B7 on the store ``make_store`` builds from ``url`` (FlowX's own by
     default; ``benchmarks.ceiling``'s engine-asyncpg arm gives its own).
 
     Before the clock starts, one flow runs alone; with ``warm_together`` (the ceiling, whose
     raw arms warm up so), ``concurrency`` more then run at once, so every batch lane's
-    connection has its batched statements prepared before the timed flows need them."""
+    connection has its batched statements prepared before the timed flows need them.
+    ``settings``: host settings of the run's own (``benchmarks.gc_threshold``)."""
     stores = TimedStores(make_store(url))
-    settings = flowx.HostSettings(max_concurrent_flows=concurrency)
+    base = flowx.HostSettings(max_concurrent_flows=concurrency)
     async with flowx.FlowHost(
         store=stores,
         flows=[plan],
-        settings=settings.replace(recovery=False),  # type: ignore[arg-type]
+        settings=base.replace(recovery=False, **(settings or {})),  # type: ignore[arg-type]
     ) as host:
         gate = asyncio.Semaphore(concurrency)
 

@@ -252,7 +252,7 @@ class FlowHost:
             if ctx.store is not None:
                 await self._services.connect_or_retry()
         except BaseException:
-            await self._services.metrics.stop()
+            await self._services.closed()
             ctx.threads.shutdown(wait=False, cancel_futures=True)
             ctx.threads = None
             raise

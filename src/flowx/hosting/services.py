@@ -14,6 +14,7 @@ import time
 from datetime import datetime
 
 from flowx.errors import FlowXError
+from flowx.hosting import collector
 from flowx.hosting.archive import Archiver, JsonlArchiver
 from flowx.hosting.clock_offset import ClockWatch
 from flowx.hosting.clock_offset import check as check_clock_offsets
@@ -92,15 +93,28 @@ class NodeServices:
         self._connector: asyncio.Task[None] | None = None
         self._outbox_task: asyncio.Task[None] | None = None
         self._outbox_stop = asyncio.Event()
+        self._collector_held = False
 
     async def _lease_expiry(self, instance_id: str) -> datetime | None:
         lease = await self._ctx.require_stores().leases.current(instance_id)
         return None if lease is None else lease.expires_at
 
     def reset(self) -> None:
-        """Fresh events for a node (re)opening."""
+        """Fresh events for a node (re)opening, and room for the garbage collector while it
+        is open (``flowx.hosting.collector``)."""
         self.stop = asyncio.Event()
         self.connected = asyncio.Event()
+        collector.release(self._collector_held)
+        self._collector_held = collector.hold(self._ctx.settings.gc_threshold)
+
+    async def closed(self) -> None:
+        """What an open node holds whatever else happened: ``/metrics``, and the collector's
+        threshold (the last node of the process to close puts it back)."""
+        try:
+            await self.metrics.stop()
+        finally:
+            collector.release(self._collector_held)
+            self._collector_held = False
 
     async def connect_or_retry(self) -> None:
         """Connect now; a journal that cannot be reached is retried in the background
@@ -234,11 +248,11 @@ class NodeServices:
     async def drain(self, runner: InstanceRunner, timeout: float | None) -> None:
         """``FlowHost.drain``: stop the loops and the runs within one budget, in order, then
         release what the node holds (leases, the store, the threads); ``/metrics`` is closed
-        whatever happens on the way."""
+        whatever happens on the way (``closed``)."""
         try:
             await self._drain(runner, timeout)
         finally:
-            await self.metrics.stop()
+            await self.closed()
 
     async def _drain(self, runner: InstanceRunner, timeout: float | None) -> None:
         ctx = self._ctx

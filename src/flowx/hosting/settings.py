@@ -81,6 +81,11 @@ class HostSettings(BaseSettings):
     #: under a slow disk a claim can outlast its deadline (its outcome then unknown, what it
     #: took waits a lease TTL for recovery).
     queue_prefetch: int = 0
+    #: CPython's young-generation collection threshold while this node is open, if that
+    #: raises it (``flowx.hosting.collector``): at CPython's 700, the bursts of objects a
+    #: group commit's answer sets off make collections ~10 % of a busy node's step path.
+    #: 0 leaves the process's garbage collector as it is.
+    gc_threshold: int = Field(default=10_000, ge=0)
     #: Threads that run plain-``def`` capabilities (``async def`` ones need none).
     capability_threads: int = 64
     shutdown_drain_timeout: timedelta = timedelta(seconds=30)
