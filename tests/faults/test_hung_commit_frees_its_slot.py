@@ -67,7 +67,7 @@ async def test_other_commits_complete_while_one_reply_is_withheld(
         hung_id, *other_ids = await _instances(stores, 4)
 
         caught = proxy.withhold_next_reply(executes)
-        hung = asyncio.create_task(journal.commit(_commit(hung_id)))
+        hung = asyncio.ensure_future(journal.commit(_commit(hung_id)))
         await asyncio.wait_for(caught.wait(), 5)
 
         sequences = await asyncio.wait_for(
@@ -106,9 +106,9 @@ async def test_a_commit_queued_behind_every_hung_slot_goes_out_at_the_deadline(
         hung_id, queued_id = await _instances(stores, 2)
 
         caught = proxy.withhold_next_reply(executes)
-        hung = asyncio.create_task(journal.commit(_commit(hung_id)))
+        hung = asyncio.ensure_future(journal.commit(_commit(hung_id)))
         await asyncio.wait_for(caught.wait(), 5)
-        queued = asyncio.create_task(journal.commit(_commit(queued_id)))
+        queued = asyncio.ensure_future(journal.commit(_commit(queued_id)))
 
         with pytest.raises(JournalNoAnswer):
             await asyncio.wait_for(hung, deadline + 5)

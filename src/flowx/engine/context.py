@@ -18,6 +18,10 @@ from typing import Any, NamedTuple
 from flowx.clock import Clock
 
 _KINDS = ("now", "uuid", "random")
+#: Guards what a context draws: a plain-def capability runs on a worker thread. One lock for
+#: every context, not one each (built on every attempt, most of which draw nothing); what it
+#: guards is a few list operations, never the application's code.
+_DRAWS = threading.Lock()
 
 
 class StepAttempt(NamedTuple):
@@ -62,8 +66,7 @@ class StepContext:
         # Built on the first draw: most attempts draw nothing, and this runs on every one.
         self._recorded = recorded
         self._replay: dict[str, list[Any]] | None = None
-        self._drawn: dict[str, list[Any]] = {}
-        self._lock = threading.Lock()  # a plain-def capability runs on a worker thread
+        self._drawn: dict[str, list[Any]] | None = None
 
     @property
     def idempotency_key(self) -> str:
@@ -80,10 +83,12 @@ class StepContext:
         return f"{self.instance_id}/{self.scope}/{self.step_id}{generation}{suffix}"
 
     def _draw(self, kind: str, fresh: Any) -> Any:
-        with self._lock:
+        with _DRAWS:
             if self._replay is None:
                 recorded = self._recorded or {}
                 self._replay = {k: list(recorded.get(k, ())) for k in _KINDS}
+                self._drawn = {}
+            assert self._drawn is not None  # nosec B101  # invariant: made with the replay
             queue = self._replay[kind]
             value = queue.pop(0) if queue else fresh
             self._drawn.setdefault(kind, []).append(value)
@@ -105,8 +110,9 @@ class StepContext:
 
     def drawn(self) -> dict[str, list[Any]] | None:
         """What this attempt drew, for its journal row; ``None`` if nothing."""
-        if not self._drawn:
+        drawn = self._drawn
+        if not drawn:
             return None
-        with self._lock:
-            used = {k: list(self._drawn[k]) for k in _KINDS if k in self._drawn}
+        with _DRAWS:
+            used = {k: list(drawn[k]) for k in _KINDS if k in drawn}
         return used or None

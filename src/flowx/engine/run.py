@@ -195,8 +195,13 @@ class Run:
         commit's turn, so concurrent fork branches never overwrite each other's fields.
         ``prepared=(base, new, bag)`` is that state (and its encoding, if known) already
         computed from ``base``: used as is when no other branch moved the state meanwhile
-        (always, outside a fork)."""
-        async with self._turns:
+        (always, outside a fork). Alone, the run takes no turns: not even ``_Alone``'s two
+        empty coroutines, on the step path."""
+        turns = self._turns
+        lock = turns if isinstance(turns, asyncio.Lock) else None
+        if lock is not None:
+            await lock.acquire()
+        try:
             bag = None
             if apply is None:
                 new_state = self.state
@@ -223,6 +228,9 @@ class Run:
             if bag is not None:
                 self._encoded = (new_state, bag)
             self.commits += 1
+        finally:
+            if lock is not None:
+                lock.release()
         self.history.committed(key, step)
         if self._ports.on_step is not None:
             self._ports.on_step(self.instance_id, step)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable
 from concurrent.futures import Executor, Future
 from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
@@ -87,11 +88,11 @@ async def invoke_bounded(
     """
     with attempt_span(cap, ctx):
         if stop is None:
-            return await _bounded(cap, ctx, argument, executor, limit, by_deadline, what)
+            return await _attempt(cap, ctx, argument, executor, limit, by_deadline, what)
         watch, by_cancel = stop
         armed = watch.arm(by_cancel=by_cancel)
         try:
-            return await _bounded(cap, ctx, argument, executor, limit, by_deadline, what)
+            return await _attempt(cap, ctx, argument, executor, limit, by_deadline, what)
         except asyncio.CancelledError:
             request = watch.cut(armed)
             if request is None:
@@ -129,6 +130,23 @@ def attempt_span(cap: Capability, ctx: Any) -> AbstractContextManager[Any]:
 StopCut = tuple[StopWatch, bool]
 
 
+def _attempt(
+    cap: Capability,
+    ctx: Any,
+    argument: Any,
+    executor: Executor | None,
+    limit: float | None,
+    by_deadline: bool,
+    what: str,
+) -> Awaitable[Any]:
+    """What one attempt awaits: the capability's own coroutine for the common attempt (an
+    ``async def``, no bound), awaited by ``invoke_bounded`` itself (a coroutine less to
+    create and pass through on every step); ``_bounded`` for any other."""
+    if limit is None and cap.is_async:
+        return cap.fn(ctx, argument) if cap.takes_argument else cap.fn(ctx)  # type: ignore[no-any-return]
+    return _bounded(cap, ctx, argument, executor, limit, by_deadline, what)
+
+
 async def _bounded(
     cap: Capability,
     ctx: Any,
@@ -142,7 +160,7 @@ async def _bounded(
     # A ``TimeoutError`` the capability raised itself (a socket's, a client library's) is
     # its own failure, not this bound's: each branch tells them apart before naming it late.
     if cap.is_async:
-        if limit is None:  # ``cap.invoke``, inlined: the common attempt
+        if limit is None:  # ``cap.invoke``, inlined (``_attempt`` does it itself)
             return await (cap.fn(ctx, argument) if cap.takes_argument else cap.fn(ctx))
         window = asyncio.timeout(limit)
         try:

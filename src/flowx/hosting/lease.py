@@ -83,8 +83,9 @@ class DurableLease:
         self._released = False
         self._keeper = keeper or LeaseKeeper(store, ttl=ttl, renew_every=renew_every, clock=clock)
         self._owns_keeper = keeper is None
-        #: Monotonic send times of the journal writes under way under this lease.
-        self._writes: dict[object, float] = {}
+        #: Monotonic send times of the journal writes under way under this lease, by a key of
+        #: the writer's (``writing``; the step commit, on every step, marks its own).
+        self.writes: dict[object, float] = {}
 
     @property
     def instance_id(self) -> str:
@@ -122,11 +123,11 @@ class DurableLease:
     def writing(self) -> _Writing:
         """Mark a journal write under way, for the block: one outstanding for longer than the
         renewal interval stops this lease's renewals (see ``stalled``)."""
-        return _Writing(self._writes)
+        return _Writing(self.writes)
 
     def stalled(self, now_monotonic: float, limit: float) -> bool:
         """A journal write has been outstanding for more than ``limit`` seconds."""
-        return any(now_monotonic - sent > limit for sent in self._writes.values())
+        return any(now_monotonic - sent > limit for sent in self.writes.values())
 
     def start(self) -> DurableLease:
         self._keeper.keep(self)

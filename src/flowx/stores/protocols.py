@@ -13,7 +13,7 @@ starved, and a dead node is recovered one TTL after its last write (R9.2).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -73,8 +73,9 @@ class FlowJournal(Protocol):
         """
         ...
 
-    async def commit(self, commit: StepCommit) -> int | None:
-        """Write one step boundary atomically, fenced (R2.3, R2.4).
+    def commit(self, commit: StepCommit) -> Awaitable[int | None]:
+        """Write one step boundary atomically, fenced (R2.3, R2.4). An ``async def`` does;
+        a store may hand back its batch's future directly (one frame less on every step).
 
         Returns the ``sequence`` allocated to the step row (``None`` when there is no row).
         Raises ``FencedOut`` (nothing written), ``DuplicateStep`` (nothing written),

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Awaitable
 from typing import Any, NoReturn
 
 from pydantic import ValidationError
@@ -40,18 +41,45 @@ RESULT_UNSTORABLE = "step.result_unstorable"
 _EXACT = frozenset({str, int, float, bool, type(None)})
 
 
-async def step(run: Run, node: StepNode, scope: str, item: Any, has_item: bool) -> Any:
-    """Run (or replay) one capability call, with its retry policy."""
-    key = (scope, node.step_id)
-    a = run.history.of(key)
-    try:  # the selector, if any, on the input or the for_each element
-        argument = (
-            node.argument(run.source(item, has_item), run.state)
-            if node.argument is not None
-            else (item if has_item else run.input)
-        )
-    except Exception as exc:
-        argument = await _argument_raised(run, node, scope, a, exc)
+def step(run: Run, node: StepNode, scope: str, item: Any, has_item: bool) -> Awaitable[Any]:
+    """Run (or replay) one capability call, with its retry policy: what to await for it.
+
+    Not a coroutine itself: the usual step (no failure behind it, nothing to wait for first)
+    is ``_call_until_done``'s coroutine, handed to the walk, so the run's every suspension
+    passes through one frame less; the rest goes through ``_from_the_start``."""
+    a = run.history.of((scope, node.step_id))
+    if node.argument is None:
+        argument = item if has_item else run.input
+    else:
+        try:  # the selector, on the input or the for_each element
+            argument = node.argument(run.source(item, has_item), run.state)
+        except Exception as exc:
+            return _from_the_start(run, node, scope, item, has_item, exc)
+    if a.success is not None or a.failures or run.poisoned:
+        return _from_the_start(run, node, scope, item, has_item, None, argument)
+    cap = run.pinned(node, a)
+    run.forward(node, scope)
+    if run.should_yield is not None and run.should_yield():
+        return _yielded(run)
+    run.check_deadline(node, scope)
+    policy = node.retry if cap.idempotent else NO_RETRY
+    return _call_until_done(run, node, scope, argument, cap, policy, [], a)
+
+
+async def _from_the_start(
+    run: Run,
+    node: StepNode,
+    scope: str,
+    item: Any,
+    has_item: bool,
+    raised: Exception | None,
+    argument: Any = None,
+) -> Any:
+    """``step`` whole: a replayed step, one with failures behind it, a poisoned one, a
+    selector that raised, or a run that may have to yield first."""
+    a = run.history.of((scope, node.step_id))
+    if raised is not None:
+        argument = await _argument_raised(run, node, scope, a, raised)
     if a.success is not None:
         return run.replay_done(node, scope, a.success, argument)
     cap = run.pinned(node, a)
@@ -61,9 +89,7 @@ async def step(run: Run, node: StepNode, scope: str, item: Any, has_item: bool) 
         raise Halt.failed(node, scope, failures[-1])
     run.forward(node, scope)
     if run.should_yield is not None and run.should_yield():
-        # A fenced write like any other: a node that lost the lease hands back nothing.
-        await run.transition(InstanceState.PENDING)
-        raise Halt.yielded()
+        await _yielded(run)
     run.check_deadline(node, scope)
     if failures:
         await run.backoff(policy.delay(len(failures)))
@@ -72,6 +98,13 @@ async def step(run: Run, node: StepNode, scope: str, item: Any, has_item: bool) 
     if run.poisoned:
         await _poison(run, node, scope, cap, a.last_attempt + 1)
     return await _call_until_done(run, node, scope, argument, cap, policy, failures, a)
+
+
+async def _yielded(run: Run) -> NoReturn:
+    """The node is draining: hand the instance back at this boundary (``Pending``). A fenced
+    write like any other: a node that lost the lease hands back nothing."""
+    await run.transition(InstanceState.PENDING)
+    raise Halt.yielded()
 
 
 async def _argument_raised(

@@ -89,11 +89,13 @@ class Batcher(Generic[T, R]):
         #: Batches that failed on one write's data and were retried write by write.
         self.fallbacks = 0
 
-    async def submit(self, item: T) -> R:
+    def submit(self, item: T) -> asyncio.Future[R]:
+        """``item``'s outcome once its batch is answered: a future to await, not a coroutine
+        around one (a frame less to create and pass through on every step commit)."""
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         self._pending.append((item, future))
         self._dispatch()
-        return await future
+        return future
 
     def _dispatch(self, *, overdue: bool = False) -> None:
         while self._pending and self._inflight < self._max_inflight:

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator
 from typing import Any, Final, LiteralString
 
 import psycopg
@@ -299,9 +299,9 @@ class GroupCommitter:
     def _inflight(self) -> int:
         return self._batcher._inflight
 
-    def commit(self, commit: StepCommit) -> Coroutine[Any, Any, int | None]:
-        """The commit's outcome, once its batch is answered (the batcher's own coroutine:
-        no frame of this one around it on every step)."""
+    def commit(self, commit: StepCommit) -> asyncio.Future[int | None]:
+        """The commit's outcome, once its batch is answered (the batcher's own future: no
+        frame of this one around it on every step)."""
         return self._batcher.submit(commit)
 
     async def warm(self) -> None:

@@ -7,7 +7,7 @@ commit, the hot path, lives in ``commit.py``.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Final, LiteralString
 
@@ -324,21 +324,38 @@ class PostgresJournal:
             steps = await read.fetchall()
             return History(instance=instance_of(row), steps=tuple(step_of(s) for s in steps))
 
-    async def commit(self, commit: StepCommit) -> int | None:
+    def commit(self, commit: StepCommit) -> Awaitable[int | None]:
+        """Queued for the group committer at once, in the order commits are asked for
+        (concurrent commits from many instances share statements, commit.py). A commit that
+        tells no one (a step's, nearly always) is answered by the committer's own future: no
+        coroutine of this one around it on every step."""
         if commit.notify_parent:
             # A child's end: rare, and it writes two rows, so it keeps the group committer's
             # statements out of it and takes a transaction of its own.
-            sequence = await self._commit_and_wake_parent(commit)
-        else:
-            # Concurrent commits from many instances share statements (commit.py).
-            sequence = await self._group.commit(commit)
+            return self._commit_child_end(commit)
+        queued = self._group.commit(commit)
+        if (commit.events and self._notifier is not None) or (
+            self._work is not None and commit.state is InstanceState.PENDING
+        ):
+            return self._told(commit, queued)
+        return queued
+
+    async def _told(self, commit: StepCommit, queued: Awaitable[int | None]) -> int | None:
+        """After the commit: publishers told it staged events, idle workers that a run was
+        handed back (``Pending``)."""
+        sequence = await queued
         if commit.events and self._notifier is not None:
             self._notifier.mark()
-        if self._work is not None and (
-            commit.notify_parent or commit.state is InstanceState.PENDING
-        ):
-            # A child's end may have made its parent Pending; a run handed back is Pending.
+        if self._work is not None and commit.state is InstanceState.PENDING:
             self._work.mark()
+        return sequence
+
+    async def _commit_child_end(self, commit: StepCommit) -> int | None:
+        sequence = await self._commit_and_wake_parent(commit)
+        if commit.events and self._notifier is not None:
+            self._notifier.mark()
+        if self._work is not None:
+            self._work.mark()  # its end may have made its parent Pending
         return sequence
 
     async def _commit_and_wake_parent(self, commit: StepCommit) -> int | None:
