@@ -34,7 +34,7 @@ when something is wrong.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final, TypeVar
 
 from pydantic import BaseModel, TypeAdapter
@@ -165,7 +165,7 @@ def _encode(value: Any, root: str, at: str | None = None, whole: bool | str = Fa
             plain = _sealable(plain, root, lambda: sealer.plain(value, plain, root))
             sealed = sealer.sealed
     if whole:
-        plain = _sealable(plain, root, lambda: _sealed_whole(value, plain, root, at, whole))
+        plain = _sealable(plain, root, lambda: _sealed_whole(value, plain, root, at, whole, sealed))
     try:
         text = _to_text(plain)
     except (ValueError, RecursionError) as exc:  # NaN / Infinity, a cycle, too deep
@@ -196,10 +196,17 @@ def _sealable(plain: Any, root: str, seal: Callable[[], Any]) -> Any:
         raise SerialisationError(f"{root} cannot be stored as JSON: {exc}", path=root) from exc
 
 
-def _sealed_whole(value: Any, plain: Any, root: str, at: str | None, whole: bool | str) -> Any:
+def _sealed_whole(
+    value: Any,
+    plain: Any,
+    root: str,
+    at: str | None,
+    whole: bool | str,
+    sealed: Sequence[int],
+) -> Any:
     """``plain`` sealed as one value, or (``whole`` a key) its member ``whole`` alone. A value
     that is an envelope already (a ``SecretStr``) is left as it is: sealing it twice would cost
-    a second seal and gain nothing."""
+    a second seal and gain nothing. ``sealed``: the secrets already sealed into ``plain``."""
     sealer = _sealing.Sealer(_sealing.current(), root if at is None else f"{root}:{at}")
     path, target, part = root, plain, value
     if isinstance(whole, str):
@@ -210,8 +217,8 @@ def _sealed_whole(value: Any, plain: Any, root: str, at: str | None, whole: bool
     if isinstance(target, dict) and _sealing.MARK in target:
         return plain
     # Only a bare string is remembered for scrubbing: a whole state's words would mask any.
-    sealed = sealer.whole(target, path, remember=isinstance(target, str), value=part)
-    return {**plain, whole: sealed} if isinstance(whole, str) else sealed
+    done = sealer.whole(target, path, remember=isinstance(target, str), value=part, sealed=sealed)
+    return {**plain, whole: done} if isinstance(whole, str) else done
 
 
 def loads(

@@ -63,6 +63,8 @@ def refusal(
             found = follow(value, steps)
         except Exception:  # an application's property that raises: nothing to follow
             found = None
+        if found is _NOT_STATE:  # a computed field: not state, never read back
+            continue
         if found is None:  # a serialiser reshaped it: judged once all masks are followed
             if astray is None:
                 astray = steps
@@ -88,14 +90,23 @@ def _unaccounted(
     """The first secret of ``value`` that was not sealed, refused for the mask at ``astray``
     that could not be followed back: had it been written out, left out or sealed, nothing
     would say so; stored as the mask, it would be lost. ``None`` when every secret of
-    ``value`` was sealed (or it holds none): the mask is then an ordinary string."""
+    ``value`` was sealed (or it holds none): the mask is then an ordinary string. A value too
+    large to search is refused too: what it holds cannot be told."""
     left = Counter(sealed)
+    where = _spelled_path(root, astray)
     for path, secret in _secrets(value):
+        if secret is _TOO_LARGE:
+            return root, (
+                f"{where} holds '**********' where the value holds nothing to follow it back to "
+                f"(a serialiser of the application's put it there), and {root} is too large "
+                f"(over {_SECRETS_BUDGET:,} containers) to be searched for a secret it may "
+                "stand for; store a secret where FlowX can seal it (a field declared SecretStr "
+                "or SecretBytes, not moved by a serialiser), or another string there"
+            )
         if left[id(secret)] > 0:
             left[id(secret)] -= 1
             continue
         at = root + path
-        where = _spelled_path(root, astray)
         return at, (
             f"{at} holds a secret the stored form does not keep in its place: "
             f"'**********' is stored at {where} instead (put there by a serialiser of the "
@@ -107,47 +118,64 @@ def _unaccounted(
     return None
 
 
-#: Containers ``_secrets`` looks into before it stops: it also bounds a value that contains
-#: itself.
+#: Containers ``_secrets`` looks into before it gives up (strings and numbers are not
+#: counted): it also bounds a value that contains itself.
 _SECRETS_BUDGET: Final = 100_000
+#: What ``_secrets`` yields, last, when its budget ran out.
+_TOO_LARGE: Final = object()
+#: Values ``_secrets`` never looks into or at.
+_LEAVES: Final = frozenset({str, int, float, bool, type(None), bytes})
 
 
 def _secrets(value: Any) -> Iterator[tuple[str, Any]]:
     """Each secret pydantic would write as the mask anywhere in ``value`` (models, their
-    extra fields, dataclasses, dicts, their keys too, lists, tuples, sets, deques), with its
-    path by attribute names and keys. Plain attribute reads only: no property, computed field
-    or serialiser of the application's runs."""
+    extra fields and private attributes, dataclasses, dicts, their keys too, lists, tuples,
+    sets, deques), with its path by attribute names and keys; ``("", _TOO_LARGE)`` last if
+    the budget ran out first. Plain attribute reads only: no property, computed field or
+    serialiser of the application's runs."""
     stack: list[tuple[Any, str]] = [(value, "")]
     budget = _SECRETS_BUDGET
-    while stack and budget > 0:
-        budget -= 1
+    while stack:
         v, path = stack.pop()
-        try:
-            if _masked(v):
-                yield path, v
-                continue
-        except Exception:  # a secret type of the application's that fails to say its value
+        if type(v) in _LEAVES:
             continue
-        if isinstance(v, _SECRETS):
-            continue  # an empty secret: written as ""
-        children: list[tuple[Any, str]] = []
-        if isinstance(v, RootModel):  # its JSON form is its root's
-            children = [(v.root, "")]
-        elif isinstance(v, BaseModel):
-            fields = vars(v)
-            children = [(fields[n], f".{n}") for n in type(v).model_fields if n in fields]
-            extra = v.__pydantic_extra__ or {}
-            children += [(x, _key_step(k)) for k, x in extra.items()]
-        elif isinstance(v, dict):
-            for k, x in v.items():
-                children.append((x, _key_step(k)))
-                if isinstance(k, _SECRETS):
-                    children.append((k, f"{_key_step(k)} (the key)"))
-        elif isinstance(v, list | tuple | deque | set | frozenset):
-            children = [(x, f"[{i}]") for i, x in enumerate(v)]
-        elif dataclasses.is_dataclass(v) and not isinstance(v, type):
-            children = [(getattr(v, f.name, None), f".{f.name}") for f in dataclasses.fields(v)]
-        stack.extend((x, path + step) for x, step in reversed(children))
+        budget -= 1
+        if budget < 0:
+            yield "", _TOO_LARGE
+            return
+        try:
+            masked = _masked(v)
+        except Exception:  # a secret type of the application's that fails to say its value
+            masked = False
+        if masked:
+            yield path, v
+        elif not isinstance(v, _SECRETS):  # an empty secret is written as "": nothing lost
+            stack.extend(reversed(_children(v, path)))
+
+
+def _children(v: Any, path: str) -> list[tuple[Any, str]]:
+    """What ``_secrets`` looks into next in ``v``, each with its path."""
+    if isinstance(v, RootModel):  # its JSON form is its root's
+        return [(v.root, path)]
+    if isinstance(v, BaseModel):
+        fields = vars(v)
+        found = [(fields[n], f"{path}.{n}") for n in type(v).model_fields if n in fields]
+        extra = v.__pydantic_extra__ or {}
+        private = v.__pydantic_private__ or {}
+        found += [(x, path + _key_step(k)) for k, x in extra.items()]
+        return found + [(x, f"{path}.{k}") for k, x in private.items()]
+    if isinstance(v, dict):
+        found = []
+        for k, x in v.items():
+            found.append((x, path + _key_step(k)))
+            if isinstance(k, _SECRETS):
+                found.append((k, f"{path}{_key_step(k)} (the key)"))
+        return found
+    if isinstance(v, list | tuple | deque | set | frozenset):
+        return [(x, f"{path}[{i}]") for i, x in enumerate(v)]
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        return [(getattr(v, f.name, None), f"{path}.{f.name}") for f in dataclasses.fields(v)]
+    return []
 
 
 def _key_step(key: Any) -> str:
@@ -245,8 +273,8 @@ class _Follower:
         for step in steps:
             value = _unwrapped(value)
             found = self._item(value, step) if isinstance(step, int) else self._member(value, step)
-            if found is None:
-                return None
+            if found is None or found is _NOT_STATE:
+                return found
             (value,) = found
         return (_unwrapped(value),)
 
@@ -265,9 +293,11 @@ class _Follower:
             if name is not None:
                 return (getattr(value, name, None),)
             extra = value.__pydantic_extra__ or {}
+            if key in extra:
+                return (extra[key],)
             # A computed field is not followed: it is not state (validation ignores it when
             # the value is read back), and its code would run a second time.
-            return (extra[key],) if key in extra else None
+            return _NOT_STATE if key in _computed_keys(type(value)) else None
         if isinstance(value, dict):
             if key in value:
                 return (value[key],)
@@ -296,6 +326,16 @@ def _unwrapped(value: Any) -> Any:
     while isinstance(value, RootModel):  # its JSON form is its root's
         value = value.root
     return value
+
+
+#: What following a mask found when it led into a computed field: not state.
+_NOT_STATE: Final = (None,)
+
+
+@functools.cache
+def _computed_keys(cls: type[BaseModel]) -> frozenset[str]:
+    """The keys a model's computed fields are written under (an alias, or the name)."""
+    return frozenset(info.alias or name for name, info in cls.model_computed_fields.items())
 
 
 @functools.cache

@@ -26,7 +26,7 @@ import functools
 import json
 import types
 import typing
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Final, TypeVar
 
@@ -359,9 +359,10 @@ class Sealer:
             if v is None:
                 continue
             where = f"{path}.{key}"
+            start = len(self.sealed)
             out[key] = self.plain(v, out[key], where)
             if seal == SEAL_JSON:  # marked below its top level: sealed whole, as a member
-                out[key] = self.whole(out[key], where, value=v)
+                out[key] = self.whole(out[key], where, value=v, sealed=self.sealed[start:])
         return out
 
     def model(self, value: BaseModel, plain: Any, path: str) -> Any:
@@ -391,20 +392,30 @@ class Sealer:
         if m.seal == SEAL_JSON:
             # Its JSON form with any secret in it sealed first: pydantic's own form would
             # hold ``"**********"`` for a ``SecretStr``, and the value would be lost.
-            return self.whole(self.plain(v, to_jsonable_python(v), path), path, value=v)
+            start = len(self.sealed)
+            inner = self.plain(v, to_jsonable_python(v), path)
+            return self.whole(inner, path, value=v, sealed=self.sealed[start:])
         return self.plain(v, None, path)  # type: ignore[no-any-return]
 
     def whole(
-        self, plain: Any, path: str, *, remember: bool = True, value: Any = None
+        self,
+        plain: Any,
+        path: str,
+        *,
+        remember: bool = True,
+        value: Any = None,
+        sealed: Sequence[int] = (),
     ) -> dict[str, str]:
         """``plain`` (``value``'s JSON form) sealed as one value: a member marked below its
         top level, or a step's result bound for a sealed state field
         (``codec.dumps(whole=...)``). ``remember``: its strings are scrubbed from the
         instance's error messages. A secret pydantic wrote as its mask inside it is refused,
-        as outside (``flowx.masked_secrets``): sealed, the mask would be lost unseen."""
+        as outside (``flowx.masked_secrets``): sealed, the mask would be lost unseen.
+        ``sealed``: the secrets of ``value`` sealed into ``plain`` on the way here (by id),
+        so a mask that leads nowhere beside them is not taken for one of them."""
         text = _canonical(plain)
         if MASK in text:
-            lost = refusal(value, plain, path, self.sealed)
+            lost = refusal(value, plain, path, sealed)
             if lost is not None:
                 raise SerialisationError(lost[1], path=lost[0])
         if self.active is not None and remember:  # without keys, ``seal`` refuses it below
@@ -439,7 +450,15 @@ class _Redactor(Sealer):
     def member(self, m: Member, v: Any, path: str) -> Any:
         return self.mark
 
-    def whole(self, plain: Any, path: str, *, remember: bool = True, value: Any = None) -> Any:
+    def whole(
+        self,
+        plain: Any,
+        path: str,
+        *,
+        remember: bool = True,
+        value: Any = None,
+        sealed: Sequence[int] = (),
+    ) -> Any:
         return self.mark
 
     def seal(self, data: bytes, kind: str, path: str, secret: str | None) -> Any:

@@ -33,7 +33,9 @@ def _thresholds() -> Iterator[None]:
     finally:
         collector._holders, collector._found, collector._set = kept
         gc.set_threshold(*before)
-        if not enabled:
+        if enabled:
+            gc.enable()
+        else:
             gc.disable()
 
 
@@ -71,6 +73,12 @@ async def test_a_threshold_set_by_someone_else_meanwhile_is_kept_at_close() -> N
     async with _host():
         gc.set_threshold(3_000, 20, 20)  # the application's own choice, made while open
     assert gc.get_threshold() == (3_000, 20, 20)
+    gc.set_threshold(*FOUND)
+    async with _host():
+        gc.set_threshold(3_000, 20, 20)
+        async with _host():  # raised again over the application's choice ...
+            assert gc.get_threshold() == (10_000, 20, 20)
+    assert gc.get_threshold() == (3_000, 20, 20)  # ... which is what the last puts back
 
 
 class _Refusing:

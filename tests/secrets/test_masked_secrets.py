@@ -493,3 +493,93 @@ def test_a_mask_that_leads_nowhere_beside_only_sealed_secrets_is_stored() -> Non
     assert text_back["notes"] == [MASK]
     assert text_back["declared"] == SECRET and SECRET not in text
     assert codec.loads(bare) == {"notes": [MASK], "declared": None}
+
+
+@pytest.mark.parametrize("whole", [True, "payload"], ids=["sealed-whole", "a-member-sealed-whole"])
+def test_sealed_whole_a_mask_that_leads_nowhere_beside_only_sealed_secrets_is_stored(
+    whole: bool | str,
+) -> None:
+    """The same when the row is sealed whole (a result bound for a sealed field, a wait's
+    payload): the secrets sealed on the way there are counted, not only the whole's own."""
+    with codec.sealing(_keys()):
+        for value in (MovedDeclared(pw=_secret()), MovedText(note=MASK, declared=_secret())):
+            stored = value if whole is True else {"seq": 1, "payload": value}
+            text = codec.dumps(stored, root="result", at="s/1", whole=whole)
+            assert MARK in text and SECRET not in text
+
+
+class SharedSecret(BaseModel):
+    """One secret object in two places: sealed in one, moved out of the other's sight."""
+
+    token: SecretStr
+    inside: flowx.Sensitive[Any] = None
+
+
+def test_a_secret_lost_inside_a_member_is_refused_though_the_same_one_is_sealed_beside() -> None:
+    secret = _secret()
+    with codec.sealing(_keys()), pytest.raises(SerialisationError) as caught:
+        codec.dumps(SharedSecret(token=secret, inside=MovedAny(pw=secret)), root="state")
+    assert caught.value.path == "state.inside.pw"
+
+
+class Revealing(BaseModel):
+    """A secret its serialiser writes out, beside a computed field that shows one masked."""
+
+    api: Any = None
+
+    @field_serializer("api")
+    def _reveal(self, v: Any) -> Any:
+        return v.get_secret_value() if isinstance(v, SecretStr) else v
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def hint(self) -> SecretStr:
+        return SecretStr("shown-as-the-mask")
+
+
+class HiddenMoved(BaseModel):
+    """A private attribute's secret, moved into the stored form by a serialiser."""
+
+    name: str = ""
+    _pw: SecretStr = pydantic.PrivateAttr(default_factory=lambda: SecretStr(SECRET))
+
+    @model_serializer
+    def _moved(self) -> dict[str, Any]:
+        return {"name": self.name, "creds": [self._pw]}
+
+
+class Sprawling(BaseModel):
+    """A mask moved by a serialiser, in a value too large to search for a secret."""
+
+    rows: list[dict[str, int]] = []
+    note: str = ""
+
+    @model_serializer
+    def _moved(self) -> dict[str, Any]:
+        return {"rows": self.rows, "notes": [self.note]}
+
+
+def test_a_computed_field_mask_is_not_taken_for_a_lost_secret() -> None:
+    with codec.sealing(_keys()):
+        text = codec.dumps(Revealing(api=_secret()), root="state")
+    assert codec.loads(text) == {"api": SECRET, "hint": MASK}
+
+
+def test_a_private_secret_a_serialiser_moved_is_refused() -> None:
+    with codec.sealing(_keys()), pytest.raises(SerialisationError) as caught:
+        codec.dumps(HiddenMoved(name="ada"), root="state")
+    assert caught.value.path == "state._pw" and SECRET not in str(caught.value)
+
+
+def test_many_numbers_do_not_hide_a_moved_secret_and_a_value_too_large_is_refused() -> None:
+    """Strings and numbers do not count against the search's budget; containers do, and a
+    value with more than it can search is refused rather than stored unsearched."""
+    numbers = Loose(items=list(range(150_000)), anything=MovedAny(pw=_secret()))
+    with codec.sealing(_keys()), pytest.raises(SerialisationError) as lost:
+        codec.dumps(numbers, root="state")
+    assert lost.value.path == "state.anything.pw"
+    sprawling = Sprawling(rows=[{"n": 1} for _ in range(100_001)], note=MASK)
+    with codec.sealing(_keys()), pytest.raises(SerialisationError) as large:
+        codec.dumps(sprawling, root="state")
+    assert large.value.path == "state" and "too large" in str(large.value)
+    assert codec.loads(codec.dumps(Sprawling(rows=[{"n": 1}], note=MASK)))["notes"] == [MASK]

@@ -160,8 +160,7 @@ async def _bounded(
     # A ``TimeoutError`` the capability raised itself (a socket's, a client library's) is
     # its own failure, not this bound's: each branch tells them apart before naming it late.
     if cap.is_async:
-        if limit is None:  # ``cap.invoke``, inlined (``_attempt`` does it itself)
-            return await (cap.fn(ctx, argument) if cap.takes_argument else cap.fn(ctx))
+        assert limit is not None  # nosec B101  # invariant: ``_attempt`` awaits it unbounded
         window = asyncio.timeout(limit)
         try:
             async with window:

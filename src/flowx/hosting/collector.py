@@ -7,9 +7,9 @@ allocates in bursts: a group commit's answer wakes tens of flows together, and e
 its step's context, row and state before the next commit lets them go. At 700 such a burst
 sets off a young collection every few dozen steps, and what is alive at that moment (the
 burst itself) is promoted, so older collections follow. Measured at 64 flows in flight on
-PostgreSQL (``benchmarks/gc_threshold.py``), collections took about 12 µs of the ~120 µs a
-3-step flow's step costs the node, and 7 of ~90 at 10 steps; with the threshold at 10,000 a
-burst is freed before a collection is due, and they took under half a microsecond.
+PostgreSQL (``benchmarks/gc_threshold.py``), collections took 14 µs of the 132 µs of CPU a
+3-step flow's step cost the node, and 6.7 of 80 at 10 steps; with the threshold at 10,000 a
+burst is freed before a collection is due: 0.25 and 0.17 µs.
 
 So while at least one node of the process is open, the first threshold is raised to
 ``HostSettings.gc_threshold`` (10,000; ``0`` leaves the collector as it is). It is only ever
@@ -40,7 +40,8 @@ def hold(young: int) -> bool:
         return False
     with _lock:
         current = gc.get_threshold()
-        if _holders == 0:
+        if _holders == 0 or current != _set:
+            # The first node, or the application set its own since: what to put back.
             _found, _set = current, None
         if gc.isenabled() and 0 < current[0] < young:
             _set = (young, current[1], current[2])

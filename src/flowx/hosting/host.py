@@ -244,8 +244,8 @@ class FlowHost:
         ctx = self._ctx
         if ctx.opened:
             return
-        self._services.reset()
         ctx.threads = CapabilityThreads(ctx.settings.capability_threads, node=ctx.node_id)
+        self._services.reset()  # holds the collector's threshold: ``closed`` lets it go
         try:
             # /metrics first: it answers (journal_up 0) while the journal is still out of reach.
             self._services.metrics.start()

@@ -46,7 +46,8 @@ def step(run: Run, node: StepNode, scope: str, item: Any, has_item: bool) -> Awa
 
     Not a coroutine itself: the usual step (no failure behind it, nothing to wait for first)
     is ``_call_until_done``'s coroutine, handed to the walk, so the run's every suspension
-    passes through one frame less; the rest goes through ``_from_the_start``."""
+    passes through one frame less; a draining node hands the run back (``_yielded``); the
+    rest goes through ``_from_the_start``."""
     a = run.history.of((scope, node.step_id))
     if node.argument is None:
         argument = item if has_item else run.input
@@ -75,8 +76,9 @@ async def _from_the_start(
     raised: Exception | None,
     argument: Any = None,
 ) -> Any:
-    """``step`` whole: a replayed step, one with failures behind it, a poisoned one, a
-    selector that raised, or a run that may have to yield first."""
+    """``step`` whole, as it was: a replayed step, one with failures behind it (which may
+    wait out a backoff, or find the node draining first), a poisoned one, or a selector
+    that raised."""
     a = run.history.of((scope, node.step_id))
     if raised is not None:
         argument = await _argument_raised(run, node, scope, a, raised)

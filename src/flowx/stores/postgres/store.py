@@ -6,6 +6,8 @@ commit, the hot path, lives in ``commit.py``.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import uuid
 from collections.abc import Awaitable, Sequence
 from datetime import datetime, timedelta
@@ -337,18 +339,20 @@ class PostgresJournal:
         if (commit.events and self._notifier is not None) or (
             self._work is not None and commit.state is InstanceState.PENDING
         ):
-            return self._told(commit, queued)
+            # Registered before anyone awaits it: told before the caller runs on, and told
+            # even if the caller stops waiting (the commit lands all the same).
+            queued.add_done_callback(functools.partial(self._tell, commit))
         return queued
 
-    async def _told(self, commit: StepCommit, queued: Awaitable[int | None]) -> int | None:
-        """After the commit: publishers told it staged events, idle workers that a run was
-        handed back (``Pending``)."""
-        sequence = await queued
+    def _tell(self, commit: StepCommit, done: asyncio.Future[int | None]) -> None:
+        """Once the commit landed: publishers told it staged events, idle workers that a
+        run was handed back (``Pending``)."""
+        if done.cancelled() or done.exception() is not None:
+            return
         if commit.events and self._notifier is not None:
             self._notifier.mark()
         if self._work is not None and commit.state is InstanceState.PENDING:
             self._work.mark()
-        return sequence
 
     async def _commit_child_end(self, commit: StepCommit) -> int | None:
         sequence = await self._commit_and_wake_parent(commit)
