@@ -345,21 +345,23 @@ class PostgresJournal:
         return queued
 
     def _tell(self, commit: StepCommit, done: asyncio.Future[int | None]) -> None:
-        """Once the commit landed: publishers told it staged events, idle workers that a
-        run was handed back (``Pending``)."""
-        if done.cancelled() or done.exception() is not None:
-            return
+        if not done.cancelled() and done.exception() is None:
+            self._landed(commit)
+
+    def _landed(self, commit: StepCommit) -> None:
+        """Once a commit landed: publishers told it staged events, idle workers that an
+        instance became runnable (a run handed back ``Pending``; a child's end may have made
+        its parent Pending)."""
         if commit.events and self._notifier is not None:
             self._notifier.mark()
-        if self._work is not None and commit.state is InstanceState.PENDING:
+        if self._work is not None and (
+            commit.notify_parent or commit.state is InstanceState.PENDING
+        ):
             self._work.mark()
 
     async def _commit_child_end(self, commit: StepCommit) -> int | None:
         sequence = await self._commit_and_wake_parent(commit)
-        if commit.events and self._notifier is not None:
-            self._notifier.mark()
-        if self._work is not None:
-            self._work.mark()  # its end may have made its parent Pending
+        self._landed(commit)
         return sequence
 
     async def _commit_and_wake_parent(self, commit: StepCommit) -> int | None:
