@@ -187,12 +187,20 @@ class Group(Generic[T]):
         self._tasks: set[asyncio.Task[None]] = set()
         self.batches = 0
         self.items = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _running(self) -> asyncio.AbstractEventLoop:
+        # As ``Batcher._running``: the loop found once, not a ``getpid`` call per write.
+        loop = self._loop
+        if loop is None or not loop.is_running():
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
 
     def _idle(self) -> bool:
         return len(self._free) == self._conns
 
     async def submit(self, item: T) -> Any:
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Any] = self._running().create_future()
         self._pending.append((item, future))
         self._dispatch()
         return await future
@@ -200,7 +208,7 @@ class Group(Generic[T]):
     def _dispatch(self) -> None:
         while self._pending and self._free and (self._idle() or len(self._pending) >= SPILL):
             batch = self._take()
-            task = asyncio.get_running_loop().create_task(self._run(self._free.pop(), batch))
+            task = self._running().create_task(self._run(self._free.pop(), batch))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 

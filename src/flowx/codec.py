@@ -96,6 +96,14 @@ def _to_text(plain: Any) -> str:
     return "".join(_c_encode(plain, 0))
 
 
+#: Below this magnitude an ``int`` is encoded as its ``repr``, as the encoder would (a longer
+#: one goes the usual way, which refuses what ``sys.set_int_max_str_digits`` forbids).
+_SHORT_INT: Final = 10**18
+
+#: Model and dataclass classes with no loose field at any depth: a value of one, scanned on
+#: its own, is ``_HAS_DECLARED`` whatever it holds (the scan does not look inside a model).
+_TIGHT: set[type] = set()
+
 #: Containers the fast scan looks at before handing over to the walk that names fields; it
 #: also bounds the scan of a value that contains itself.
 _SCAN_BUDGET: Final = 100_000
@@ -143,6 +151,8 @@ def dumps(
 
 
 def _encode(value: Any, root: str, at: str | None = None, whole: bool | str = False) -> str:
+    if type(value) is int and not whole and -_SHORT_INT < value < _SHORT_INT:
+        return int.__repr__(value)  # a step's usual result: the text the encoder writes
     kind = _scan(value)
     sealed: list[int] | tuple[()] = ()  # the secrets a sealer sealed into ``plain``
     if kind == _PLAIN:
@@ -311,8 +321,11 @@ def _scan(value: Any) -> int:
     them), ``_HAS_LOOSE`` when one of those has a field typed ``Any`` (checked raw),
     ``_SUSPECT`` when it holds anything else, to be judged by the walk that names it.
     No paths are built: this runs on every step commit."""
-    if type(value) in SCALARS:
+    root = type(value)
+    if root in SCALARS:
         return _PLAIN
+    if root in _TIGHT:  # the state, on every step commit: what the walk below found before
+        return _HAS_DECLARED
     stack = [value]
     declared = loose = False
     budget = _SCAN_BUDGET
@@ -335,8 +348,11 @@ def _scan(value: Any) -> int:
         elif isinstance(v, DECLARED) or is_dataclass_instance(v):
             declared = True
             cls: type = t
-            if not loose and has_fields(cls) and has_loose_fields(cls):
-                loose = True
+            if not loose and has_fields(cls):
+                if has_loose_fields(cls):
+                    loose = True
+                elif v is value:  # a model alone is declared whatever it holds: remembered
+                    _TIGHT.add(cls)
         else:
             return _SUSPECT
     if loose:

@@ -4,10 +4,11 @@ in ``test_unstorable_values.py``."""
 from __future__ import annotations
 
 import json
+import sys
 from collections import OrderedDict
 from datetime import UTC, datetime
 from decimal import Decimal
-from enum import StrEnum
+from enum import IntEnum, StrEnum
 from typing import Any
 from uuid import UUID
 
@@ -108,3 +109,49 @@ def test_an_error_message_quoting_an_unstorable_value_is_itself_storable() -> No
     message = codec.printable("bad value 'x\ud800' in é")
     assert message == "bad value 'x\\ud800' in é"
     assert codec.dumps({"message": message})  # does not raise
+
+
+class Number(IntEnum):
+    ONE = 1
+
+
+@pytest.mark.parametrize(
+    "value",
+    [0, -1, 10**18 - 1, -(10**18) + 1, 10**18, -(10**18), 10**40, True, False, Number.ONE],
+)
+def test_an_int_is_written_as_the_encoder_writes_it(value: Any) -> None:
+    """A plain ``int`` below 10**18 skips the scan and the encoder (a step's usual result,
+    issue 14); the text is the encoder's, and a ``bool`` or an ``IntEnum`` goes the usual way."""
+    assert codec.dumps(value) == canonical(value)
+    assert codec.dumps([value]) == canonical([value])
+
+
+def test_an_int_longer_than_python_writes_as_text_is_still_refused() -> None:
+    limit = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(640)
+    try:
+        with pytest.raises(SerialisationError, match="cannot be stored as JSON"):
+            codec.dumps(10**700)
+    finally:
+        sys.set_int_max_str_digits(limit)
+
+
+class Tight(BaseModel):
+    n: int = 1
+
+
+class Loose(BaseModel):
+    anything: Any = None
+
+
+def test_a_models_scan_is_remembered_only_where_it_cannot_change() -> None:
+    """The scan remembers a model class with no loose field (its value alone is declared,
+    whatever it holds); one with a loose field is checked anew every time."""
+    for _ in range(2):
+        assert codec._scan(Tight(n=2)) == codec._HAS_DECLARED
+        assert codec.dumps(Tight(n=2)) == '{"n":2}'
+        assert codec._scan(Loose(anything=b"x")) == codec._HAS_LOOSE
+        with pytest.raises(SerialisationError, match="bytes"):
+            codec.dumps(Loose(anything=b"x"))
+    assert Tight in codec._TIGHT and Loose not in codec._TIGHT
+    assert codec._scan([Tight(), b"x"]) == codec._SUSPECT  # inside a container: walked

@@ -11,11 +11,12 @@ from typing import Any, ClassVar
 
 import pytest
 from pydantic import BaseModel, ConfigDict, PrivateAttr
+from pydantic_core import SchemaValidator
 
 import flowx
 from flowx import codec
 from flowx.engine.history import History
-from flowx.engine.run import _copied
+from flowx.engine.run import _ASSIGNS, _assigner, _copied
 from flowx.stores.records import Outcome, StepWrite
 from tests.engine import kit
 from tests.engine.kit import rows_of
@@ -235,11 +236,47 @@ class OwnModelCopy(BaseModel):
         return super().model_copy(update=update, deep=deep)
 
 
-@pytest.mark.parametrize("model", [OwnCopy, OwnModelCopy], ids=["__copy__", "model_copy"])
+class OwnNew(BaseModel):
+    last: int | None = None
+    copies: ClassVar[int] = 0
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> OwnNew:
+        OwnNew.copies += 1  # pydantic's copy makes the copy through ``cls.__new__``
+        return super().__new__(cls)
+
+
+@pytest.mark.parametrize(
+    "model", [OwnCopy, OwnModelCopy, OwnNew], ids=["__copy__", "model_copy", "__new__"]
+)
 def test_a_model_with_its_own_copy_is_copied_by_it(model: Any) -> None:
+    original = model(last=1)
     before = model.copies
-    copied = _copied(model(last=1))
+    copied = _copied(original)
     assert model.copies == before + 1 and copied.last == 1
+
+
+class Frozen(BaseModel, frozen=True):
+    last: int | None = None
+
+
+class Later(BaseModel):
+    child: Missing | None = None
+
+
+def test_what_assigns_a_state_field_is_kept_once_its_class_has_it() -> None:
+    """``Run.applied`` looks a state class's validator up once (a pydantic class's own
+    attributes are slow to read): a frozen class is rebuilt whole; a class still waiting
+    for ``model_rebuild`` has a stand-in, asked again until the real one is there."""
+    assert _assigner(Frozen) is None and _ASSIGNS[Frozen] is None
+    assert _assigner(Plain) is Plain.__pydantic_validator__ is _ASSIGNS[Plain]
+    assert _assigner(Later) is Later.__pydantic_validator__ and Later not in _ASSIGNS
+    Later.model_rebuild()
+    assert _assigner(Later) is Later.__pydantic_validator__ is _ASSIGNS[Later]
+    assert isinstance(_ASSIGNS[Later], SchemaValidator)
+
+
+class Missing(BaseModel):  # defined after ``Later``, which names it
+    n: int = 0
 
 
 # -- the index of this run's own commits (History.committed) -------------------------------

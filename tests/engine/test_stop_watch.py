@@ -94,3 +94,35 @@ async def test_a_stop_already_there_cuts_the_attempt_at_its_first_await() -> Non
     watch = StopWatch(_request("terminate"))
     with pytest.raises(StopReached):
         await _attempt(watch, by_cancel=False)
+
+
+def test_a_watch_cuts_each_attempt_in_its_own_task_in_whatever_loop_runs_it() -> None:
+    """The watch keeps the loop it found (asking for it anew costs a ``getpid`` system call
+    on every attempt) yet arms the task each attempt runs in: two at once (fork branches)
+    are both cut, and so is an attempt in a second loop once the first has closed."""
+    watch = StopWatch()
+
+    async def running(count: int) -> None:
+        async with asyncio.timeout(5):
+            while ledger.calls["hang"] < count:
+                await asyncio.sleep(0)
+
+    async def branches() -> None:
+        ledger.gates["hang"] = asyncio.Event()
+        tasks = [asyncio.create_task(_attempt(watch, by_cancel=True)) for _ in range(2)]
+        await running(2)
+        assert watch.tell(_request("cancel"))
+        for outcome in await asyncio.gather(*tasks, return_exceptions=True):
+            assert isinstance(outcome, StopReached)
+
+    async def later() -> None:
+        ledger.gates["hang"] = asyncio.Event()
+        task = asyncio.create_task(_attempt(watch, by_cancel=False))  # a cancel spares it
+        await running(3)
+        assert watch.tell(_request("terminate"))
+        with pytest.raises(StopReached) as reached:
+            await task
+        assert reached.value.request.mode == "terminate" and task.cancelling() == 0
+
+    asyncio.run(branches())
+    asyncio.run(later())

@@ -12,7 +12,7 @@ import pytest
 
 from flowx.stores.errors import DuplicateStep, FencedOut
 from flowx.stores.postgres import PostgresStores
-from flowx.stores.postgres.batching import isolatable
+from flowx.stores.postgres.batching import Batcher, isolatable
 from flowx.stores.records import StepCommit
 from flowx.testing.conformance._support import at, event, instance, step
 from tests.postgres_support import PG_DSN
@@ -177,3 +177,32 @@ def test_only_an_error_about_one_commits_data_is_retried_commit_by_commit(
     """R9.5: the batch is re-sent commit by commit only when it certainly wrote nothing; a
     connection lost or a statement cancelled leaves its outcome unknown, for recovery."""
     assert isolatable(exc) is alone
+
+
+def test_a_batcher_serves_the_loop_it_is_used_from_after_another_closed() -> None:
+    """The batcher keeps the loop it found (asking for it costs a ``getpid`` system call per
+    write), but only while that loop runs: used again from a new loop (a store reopened by
+    another ``asyncio.run``), its futures, batches and timers belong to the new one."""
+    sent: list[list[int]] = []
+
+    async def one(item: int) -> int:
+        sent.append([item])
+        return item * 10
+
+    async def many(items: list[int]) -> list[int | Exception]:
+        sent.append(list(items))
+        await asyncio.sleep(0.01)  # writes queue behind a batch in flight
+        return [i * 10 for i in items]
+
+    batcher: Batcher[int, int] = Batcher(one, many, key=lambda i: i, spill=2)
+
+    async def use(base: int) -> list[int]:
+        loop = asyncio.get_running_loop()
+        futures = [batcher.submit(base + n) for n in range(5)]
+        assert all(f.get_loop() is loop for f in futures)
+        return list(await asyncio.gather(*futures))
+
+    assert asyncio.run(use(0)) == [0, 10, 20, 30, 40]
+    assert asyncio.run(use(100)) == [1000, 1010, 1020, 1030, 1040]
+    assert sorted(i for batch in sent for i in batch) == [0, 1, 2, 3, 4, 100, 101, 102, 103, 104]
+    assert any(len(batch) > 1 for batch in sent)  # batches formed in both loops' runs

@@ -32,6 +32,10 @@ from flowx.stores.records import Outcome, StepRecord, StepWrite, blank
 #: in even when fork branches replay in another interleaving.
 CommitOrder = tuple[int, int]
 
+#: Read once: on CPython 3.11 each read of an enum class's member passes through its
+#: metaclass's ``__getattr__`` hook (a few times a dict lookup), and this is the step path.
+_SUCCESS = Outcome.SUCCESS
+
 
 def journal_order(row: StepRecord) -> CommitOrder:
     """Where a journaled row sits in commit order (before anything this run commits)."""
@@ -155,11 +159,7 @@ class History:
         """This run's own commit, absorbed as a row would be. The step commit's usual case —
         the first success of a step, no replay from a chosen step under way — is what
         ``_absorb`` makes of it, made directly."""
-        if (
-            step.outcome is Outcome.SUCCESS
-            and self.replay_from is None
-            and key not in self.attempts
-        ):
+        if step.outcome is _SUCCESS and self.replay_from is None and key not in self.attempts:
             fresh = blank(Attempts)  # one per step: built as ``blank`` says, without a dict
             Attempts.__init__(
                 fresh, last_attempt=step.attempt, capability_version=step.capability_version

@@ -15,9 +15,10 @@ import time
 import uuid
 from collections.abc import Callable, Coroutine
 from datetime import datetime
-from typing import Any, NoReturn, Protocol
+from typing import Any, NoReturn, Protocol, cast
 
 from pydantic import BaseModel
+from pydantic_core import SchemaValidator
 
 from flowx import codec
 from flowx.capability import Capability, CapabilityRegistry, default_registry
@@ -69,9 +70,15 @@ class _Alone:
 _ALONE = _Alone()
 
 _set = object.__setattr__
-#: Whether a state model class copies itself (its own ``__copy__`` or ``model_copy``). State
-#: models are a plan's, made once: the classes this keeps are kept by their plans anyway.
+_new = object.__new__
+#: Whether a state model class copies itself (its own ``__copy__``, ``model_copy`` or
+#: ``__new__``). State models are a plan's, made once: the classes this keeps are kept by
+#: their plans anyway.
 _COPIES_ITSELF: dict[type, bool] = {}
+#: Per state model class, what assigns one field of a copy: its validator, or ``None`` for a
+#: frozen model (rebuilt whole). Looked up once a class: a pydantic model class's own
+#: attributes cost a few dict lookups each, and this runs on every step commit.
+_ASSIGNS: dict[type, SchemaValidator | None] = {}
 
 
 def _copied(model: BaseModel) -> BaseModel:
@@ -83,17 +90,37 @@ def _copied(model: BaseModel) -> BaseModel:
     cls = type(model)
     own = _COPIES_ITSELF.get(cls)
     if own is None:  # asked once a class: a model class's attributes are slow to look up
-        own = cls.__copy__ is not BaseModel.__copy__ or cls.model_copy is not BaseModel.model_copy
+        own = (
+            cls.__copy__ is not BaseModel.__copy__
+            or cls.model_copy is not BaseModel.model_copy
+            or cls.__new__ is not _new
+        )
         _COPIES_ITSELF[cls] = own
     if own or getattr(model, "__pydantic_private__", None) is not None:
         return model.model_copy()
-    fresh = cls.__new__(cls)
+    fresh = _new(cls)
     _set(fresh, "__dict__", model.__dict__.copy())
     extra = model.__pydantic_extra__
     _set(fresh, "__pydantic_extra__", None if extra is None else extra.copy())
     _set(fresh, "__pydantic_fields_set__", model.__pydantic_fields_set__.copy())
     _set(fresh, "__pydantic_private__", None)
     return fresh
+
+
+_UNKNOWN: Any = object()
+
+
+def _assigner(model: type[BaseModel]) -> SchemaValidator | None:
+    """What ``Run.applied`` assigns a field of ``model`` with (see ``_ASSIGNS``); kept once
+    the class's validator is built (a model still waiting for ``model_rebuild`` has a
+    stand-in, asked again next time)."""
+    if model.model_config.get("frozen"):
+        _ASSIGNS[model] = None
+        return None
+    validator = model.__pydantic_validator__
+    if isinstance(validator, SchemaValidator):
+        _ASSIGNS[model] = validator
+    return cast(SchemaValidator, validator)
 
 
 class Versioned(Protocol):
@@ -366,14 +393,17 @@ class Run:
         if into is None:
             return self.state
         model = self.plan.state_model
-        if model.model_config.get("frozen"):
+        assigns = _ASSIGNS.get(model, _UNKNOWN)
+        if assigns is _UNKNOWN:
+            assigns = _assigner(model)
+        if assigns is None:
             # Through the codec, not model_dump: that would mask secrets and drop excluded
             # fields (``flowx.sealing``).
             data = codec.loads(codec.dumps(self.state, root="state"), root="state")
             data[into] = value
             return model.model_validate(data)
         fresh = _copied(self.state)
-        model.__pydantic_validator__.validate_assignment(fresh, into, value)
+        assigns.validate_assignment(fresh, into, value)
         return fresh
 
     def replay_done(

@@ -64,6 +64,9 @@ class StopWatch:
         # Once the run is ending the instance (failing, timing out) or a fork sibling has
         # failed, a cancel has nothing left to stop: an attempt still running is not cut.
         self._forward = True
+        # The run's loop, found at the first attempt: ``asyncio.current_task()`` without it
+        # asks for the running loop, which costs a ``getpid`` system call on every attempt.
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def tell(self, request: StopRequest) -> bool:
         """A request for this run's instance; ``False`` if it changes nothing (an equal or
@@ -92,10 +95,15 @@ class StopWatch:
     def arm(self, *, by_cancel: bool) -> asyncio.Task[Any]:
         """The calling task begins an attempt: a stop that applies cuts it (one already
         here, at its first await). Pair with ``disarm``."""
-        task = asyncio.current_task()
+        loop = self._loop
+        task = asyncio.current_task(loop) if loop is not None else None
+        if task is None:  # the first attempt (or a watch a test carried to another loop)
+            loop = self._loop = asyncio.get_running_loop()
+            task = asyncio.current_task(loop)
         assert task is not None  # nosec B101  # invariant: called from a task
         self._armed[task] = (by_cancel, task.cancelling())
-        self._fire(task, by_cancel)
+        if self.request is not None:  # almost never: not a call on every attempt
+            self._fire(task, by_cancel)
         return task
 
     def cut(self, task: asyncio.Task[Any]) -> StopRequest | None:
@@ -113,6 +121,6 @@ class StopWatch:
         """The attempt is over. A cut it finished despite (a capability that swallowed the
         cancellation) is taken back: the next boundary stops the run instead."""
         self._armed.pop(task, None)
-        if task in self._cut:
+        if self._cut and task in self._cut:
             self._cut.discard(task)
             task.uncancel()

@@ -31,6 +31,10 @@ from flowx.stores.records import (
     blank,
 )
 
+#: Read once: on CPython 3.11 each read of an enum class's member passes through its
+#: metaclass's ``__getattr__`` hook (a few times a dict lookup), and this is the step path.
+_SUCCESS = Outcome.SUCCESS
+
 
 class Children(Protocol):
     """Starts and undoes sub-flow children: the runner, which runs every instance."""
@@ -106,7 +110,7 @@ class DurableCommitter:
             del writes[id(commit)]
         if step is not None:
             self._latency.observe(time.monotonic() - started)
-            if step.outcome is Outcome.SUCCESS:
+            if step.outcome is _SUCCESS:
                 self._success.inc()
             else:
                 STEP_COMMITS.child((self._flow_id, step.outcome.value)).inc()

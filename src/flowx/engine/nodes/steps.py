@@ -33,6 +33,10 @@ from flowx.tracing import current_context
 
 log = logging.getLogger("flowx.engine")
 
+#: Read once: on CPython 3.11 each read of an enum class's member passes through its
+#: metaclass's ``__getattr__`` hook (a few times a dict lookup), and this is the step path.
+_SUCCESS, _COMPLETED = Outcome.SUCCESS, InstanceState.COMPLETED
+
 #: R9.5: a result the journal cannot store (or the state it makes) fails its own step, once.
 RESULT_UNSTORABLE = "step.result_unstorable"
 
@@ -221,11 +225,11 @@ async def _call_until_done(
         final = scope == "" and node is run.final_node
         await run.write(
             key,
-            run.row(node, cap, scope, attempt, Outcome.SUCCESS, text, ctx, started),
+            run.row(node, cap, scope, attempt, _SUCCESS, text, ctx, started),
             apply=(node.into, value),
             prepared=(base, new_state, bag),
             snapshot=final,
-            state=InstanceState.COMPLETED if final else None,
+            state=_COMPLETED if final else None,
         )
         run.completed = final
         run.keep(node, scope, argument, value)

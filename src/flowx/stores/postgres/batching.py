@@ -88,11 +88,21 @@ class Batcher(Generic[T, R]):
         self.batched = 0
         #: Batches that failed on one write's data and were retried write by write.
         self.fallbacks = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _running(self) -> asyncio.AbstractEventLoop:
+        """The loop the writes come from: the one found last while it still runs (a store's
+        connections serve one loop at a time). Asked anew, ``asyncio.get_running_loop``
+        costs a ``getpid`` system call, and this runs on every step commit."""
+        loop = self._loop
+        if loop is None or not loop.is_running():
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
 
     def submit(self, item: T) -> asyncio.Future[R]:
         """``item``'s outcome once its batch is answered: a future to await, not a coroutine
         around one (a frame less to create and pass through on every step commit)."""
-        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[R] = self._running().create_future()
         self._pending.append((item, future))
         self._dispatch()
         return future
@@ -103,17 +113,14 @@ class Batcher(Generic[T, R]):
                 # Wait for the batch in flight — but not for a hung one: past ``patience``
                 # the writes behind it take a lane of their own (R9.1).
                 if self._timer is None:
-                    loop = asyncio.get_running_loop()
-                    self._timer = loop.call_later(self._patience, self._overdue)
+                    self._timer = self._running().call_later(self._patience, self._overdue)
                 return
             overdue = False
             batch = self._take()
             self._inflight += 1
             # A context of its own: a batch serves many instances, so it carries no one
             # caller's span (``flowx.tracing``).
-            task = asyncio.get_running_loop().create_task(
-                self._run(batch), context=contextvars.Context()
-            )
+            task = self._running().create_task(self._run(batch), context=contextvars.Context())
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 

@@ -239,7 +239,9 @@ def batch_params(commits: list[StepCommit]) -> dict[str, Any]:
         "step_ids": Ints([s.step_id if s else None for s in steps]),
         "attempts": Ints([s.attempt if s else None for s in steps]),
         "step_names": Texts([s.step_name if s else None for s in steps]),
-        "outcomes": Texts([s.outcome.value if s else None for s in steps]),
+        # A ``StrEnum`` member is a ``str`` of its value: sent as it is (``.value`` is a
+        # property, costly on CPython 3.11, and this runs once a step).
+        "outcomes": Texts([s.outcome if s else None for s in steps]),
         "results": Texts([s.result if s else None for s in steps]),
         "capability_ids": Texts([s.capability_id if s else None for s in steps]),
         "capability_versions": Texts([s.capability_version if s else None for s in steps]),

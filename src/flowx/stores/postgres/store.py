@@ -60,6 +60,10 @@ from flowx.stores.records import (
 )
 
 # flow_instance_idempotency_idx.
+#: Read once: on CPython 3.11 each read of an enum class's member passes through its
+#: metaclass's ``__getattr__`` hook (a few times a dict lookup), and this is the step commit's path.
+_PENDING = InstanceState.PENDING
+
 SELECT_BY_KEY: Final[LiteralString] = (
     "SELECT " + INSTANCE_COLUMNS + " FROM flow_instance WHERE flow_id = %s AND idempotency_key = %s"
 )
@@ -337,7 +341,7 @@ class PostgresJournal:
             return self._commit_child_end(commit)
         queued = self._group.commit(commit)
         if (commit.events and self._notifier is not None) or (
-            self._work is not None and commit.state is InstanceState.PENDING
+            self._work is not None and commit.state is _PENDING
         ):
             # Registered before anyone awaits it: told before the caller runs on, and told
             # even if the caller stops waiting (the commit lands all the same).
