@@ -76,6 +76,8 @@ class FlowHandle(Generic[S]):
         once committed, before the run's lease is released), and otherwise watches the
         journal, so a handle works whichever node finishes the instance.
         """
+        if timeout is None:  # no ``wait_for`` around it: one frame and loop lookup fewer
+            return await self._result(poll)
         return await asyncio.wait_for(self._result(poll), timeout)
 
     async def _result(self, poll: float) -> S:
