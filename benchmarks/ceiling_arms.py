@@ -190,7 +190,7 @@ class Group(Generic[T]):
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def _running(self) -> asyncio.AbstractEventLoop:
-        # As ``Batcher._running``: the loop found once, not a ``getpid`` call per write.
+        # As ``Batcher._running``: the loop found once, not a ``getpid`` call per write (3.11).
         loop = self._loop
         if loop is None or not loop.is_running():
             loop = self._loop = asyncio.get_running_loop()

@@ -106,6 +106,18 @@ def test_a_step_result_is_bound_to_its_step() -> None:
             codec.loads(text, root="result", at="/4")
 
 
+def test_an_int_result_bound_for_a_sealed_field_is_sealed_not_written_as_it_is() -> None:
+    """A plain ``int`` skips the codec's scan (issue 14), but not when it is sealed whole: a
+    step's result bound for a sensitive state field is sealed, or refused without keys."""
+    with pytest.raises(SerialisationError) as refused:
+        codec.dumps(4242, root="result", at="/1", whole=True)
+    assert refused.value.code == "keys.missing"
+    with codec.sealing(Sealing(_keys("k1"), "i-1")):
+        text = codec.dumps(4242, root="result", at="/1", whole=True)
+        assert MARK in text and "4242" not in text
+        assert codec.loads(text, root="result", at="/1") == 4242
+
+
 def test_rotation_new_writes_take_the_first_key_and_old_rows_stay_readable() -> None:
     old = _keys("k1")
     with codec.sealing(Sealing(old, "i-1")):

@@ -181,8 +181,9 @@ def test_only_an_error_about_one_commits_data_is_retried_commit_by_commit(
 
 def test_a_batcher_serves_the_loop_it_is_used_from_after_another_closed() -> None:
     """The batcher keeps the loop it found (asking for it costs a ``getpid`` system call per
-    write), but only while that loop runs: used again from a new loop (a store reopened by
-    another ``asyncio.run``), its futures, batches and timers belong to the new one."""
+    write on CPython 3.11), but only while that loop runs: used again from a new loop (a
+    store reopened by another ``asyncio.run``), its futures and batches belong to the new
+    one."""
     sent: list[list[int]] = []
 
     async def one(item: int) -> int:
@@ -206,3 +207,38 @@ def test_a_batcher_serves_the_loop_it_is_used_from_after_another_closed() -> Non
     assert asyncio.run(use(100)) == [1000, 1010, 1020, 1030, 1040]
     assert sorted(i for batch in sent for i in batch) == [0, 1, 2, 3, 4, 100, 101, 102, 103, 104]
     assert any(len(batch) > 1 for batch in sent)  # batches formed in both loops' runs
+
+
+def test_a_batcher_used_from_a_new_loop_still_lets_writes_past_a_hung_batch() -> None:
+    """A patience timer left armed when its loop closed fires nowhere: in the new loop the
+    writes behind a hung batch must still get a lane of their own once ``patience`` runs out
+    (R9.1), not wait for the hung batch forever."""
+    hung: dict[str, asyncio.Event] = {}
+
+    async def one(item: int) -> int:
+        if item == 100:
+            release = hung["release"] = asyncio.Event()
+            await release.wait()  # a batch whose reply does not come
+        return item
+
+    async def many(items: list[int]) -> list[int | Exception]:
+        await asyncio.sleep(0.01)
+        return list(items)
+
+    batcher: Batcher[int, int] = Batcher(one, many, key=lambda i: i, spill=10, patience=60)
+
+    async def first() -> None:  # writes queue behind a batch: a timer is armed, never fired
+        assert await asyncio.gather(*(batcher.submit(n) for n in range(5))) == [0, 1, 2, 3, 4]
+
+    async def second() -> None:
+        batcher._patience = 0.05
+        stuck = batcher.submit(100)
+        behind = batcher.submit(101)
+        async with asyncio.timeout(5):
+            assert await behind == 101
+        assert not stuck.done()
+        hung["release"].set()
+        assert await stuck == 100
+
+    asyncio.run(first())
+    asyncio.run(second())

@@ -93,10 +93,14 @@ class Batcher(Generic[T, R]):
     def _running(self) -> asyncio.AbstractEventLoop:
         """The loop the writes come from: the one found last while it still runs (a store's
         connections serve one loop at a time). Asked anew, ``asyncio.get_running_loop``
-        costs a ``getpid`` system call, and this runs on every step commit."""
+        costs a ``getpid`` system call on CPython 3.11, and this runs on every step commit.
+        A patience timer armed on a loop that has gone fires nowhere: forgotten with it."""
         loop = self._loop
         if loop is None or not loop.is_running():
-            loop = self._loop = asyncio.get_running_loop()
+            found = asyncio.get_running_loop()
+            if found is not loop:
+                self._timer = None
+            loop = self._loop = found
         return loop
 
     def submit(self, item: T) -> asyncio.Future[R]:

@@ -59,11 +59,11 @@ from flowx.stores.records import (
     StepRecord,
 )
 
-# flow_instance_idempotency_idx.
 #: Read once: on CPython 3.11 each read of an enum class's member passes through its
 #: metaclass's ``__getattr__`` hook (a few times a dict lookup), and this is the step commit's path.
 _PENDING = InstanceState.PENDING
 
+# flow_instance_idempotency_idx.
 SELECT_BY_KEY: Final[LiteralString] = (
     "SELECT " + INSTANCE_COLUMNS + " FROM flow_instance WHERE flow_id = %s AND idempotency_key = %s"
 )
