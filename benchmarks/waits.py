@@ -39,6 +39,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import psycopg
+from psycopg import sql
 from pydantic import BaseModel
 
 import flowx
@@ -314,6 +316,12 @@ def compare(args: argparse.Namespace) -> None:
     print(f"written to {path}")
 
 
+def _drop_schema(dsn: str, schema: str) -> None:
+    """Drop the schema a run made for itself (its rows are of no use once measured)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--store", default=None, help="store URL (default: a fresh SQLite file)")
@@ -334,13 +342,19 @@ def main() -> None:
         compare(args)
         return
     url = args.store
+    own_schema: str | None = None  # made here, so dropped here once measured
     if url is None:
         url = f"sqlite:///{Path(tempfile.mkdtemp()) / 'waits.db'}"
     elif url.startswith("postgres") and "flowx_schema" not in url:
         sep = "&" if "?" in url else "?"
-        url = f"{url}{sep}flowx_schema=bench_waits_{uuid.uuid4().hex[:8]}"
+        own_schema = f"bench_waits_{uuid.uuid4().hex[:8]}"
+        url = f"{url}{sep}flowx_schema={own_schema}"
     backend = "postgresql" if url.startswith("postgres") else "sqlite"
-    result = asyncio.run(run(url, args.instances, args.sleep, args.concurrency))
+    try:
+        result = asyncio.run(run(url, args.instances, args.sleep, args.concurrency))
+    finally:
+        if own_schema is not None:
+            _drop_schema(args.store, own_schema)
     out = {
         "benchmark": "waits",
         "store": backend,

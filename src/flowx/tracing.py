@@ -33,14 +33,12 @@ try:  # optional: flowx-runtime[otel]
     #: A proxy: it picks up whatever tracer provider the application installs, even later.
     _tracer = _trace.get_tracer("flowx")
     _NO_SDK: tuple[type, ...] = (_trace.ProxyTracerProvider, _trace.NoOpTracerProvider)
-    _NO_PROVIDER: Any = _trace.NoOpTracerProvider()
 except ImportError:  # pragma: no cover - exercised only without the extra
     _trace = None
     _context = None
     _propagator = None
     _tracer = None
     _NO_SDK = ()
-    _NO_PROVIDER = None
 
 #: Set once a real provider is seen (globally, or given to ``use``): the global one cannot be
 #: unset, so from then on every span is made.
@@ -63,37 +61,29 @@ def current_context() -> str | None:
     return carrier.get("traceparent")
 
 
-def _inert() -> bool:
-    """No SDK is installed: every span would be the API's no-op one."""
-    global _recording
-    if _recording or _trace is None:
-        return _trace is None
-    if _tracer is _DEFAULT_TRACER:
-        provider = _global_provider()
-        if provider is _NO_PROVIDER or isinstance(provider, _NO_SDK):
-            return True
-    _recording = True
-    return False
-
-
 #: Whether the environment names a provider for the API to load (read once: the API's own
 #: lookup reads ``os.environ`` on every call, and this runs for every step attempt).
 _PROVIDER_FROM_ENV = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
 
 
-def _global_provider() -> Any:
-    """``get_tracer_provider()``, without its environment lookup while nothing was set:
-    the API keeps the provider an application sets in ``_TRACER_PROVIDER`` (read defensively,
-    falling back to the public call should a release of the API not have it)."""
-    if not _PROVIDER_FROM_ENV and getattr(_trace, "_TRACER_PROVIDER", False) is None:
-        return _NO_PROVIDER
-    return _trace.get_tracer_provider()
-
-
 def quiet() -> bool:
     """No span would be recorded here (no SDK is installed): a hot caller then skips
-    building a span's attributes at all (``span`` would return a shared no-op)."""
-    return _inert()
+    building a span's attributes at all (``span`` would return a shared no-op).
+
+    One function, asked on every step attempt: while nothing was set, the provider is read
+    from where the API keeps the one an application sets (``_TRACER_PROVIDER``, read
+    defensively, falling back to the public ``get_tracer_provider()`` should a release of
+    the API not have it), without the API's environment lookup."""
+    global _recording
+    if _recording or _trace is None:
+        return _trace is None
+    if _tracer is _DEFAULT_TRACER:
+        if not _PROVIDER_FROM_ENV and getattr(_trace, "_TRACER_PROVIDER", False) is None:
+            return True
+        if isinstance(_trace.get_tracer_provider(), _NO_SDK):
+            return True
+    _recording = True
+    return False
 
 
 def span(
@@ -111,7 +101,7 @@ def span(
     block starts (a sub-flow child keeps its parent's trace even on a node without an SDK).
     A ``root`` with no parent only takes the inherited span away from the block (baggage and
     other context entries stay): the no-op span it would make carries nothing."""
-    if parent is None and _inert():
+    if parent is None and quiet():
         return _Untraced() if root and _context is not None else _NOTHING
     return _span(name, attributes, parent=parent, root=root)
 

@@ -324,3 +324,67 @@ def test_a_committed_success_is_indexed_as_the_row_would_be(
         )  # fmt: skip
     assert direct.attempts == through_rows.attempts
     assert direct.of(("", 1)).last_attempt == len(writes)
+
+
+UNDONE: list[tuple[str, Any]] = []
+
+
+@flowx.capability("lean.first", version="1.0.0")
+async def first_step(ctx: flowx.StepContext, order: kit.Order) -> str:
+    return "one"
+
+
+@flowx.capability("lean.middle", version="1.0.0")
+async def middle_step(ctx: flowx.StepContext, order: kit.Order) -> str:
+    return "two"
+
+
+@flowx.capability("lean.third", version="1.0.0")
+async def third_step(ctx: flowx.StepContext, order: kit.Order) -> str:
+    return "three"
+
+
+@flowx.capability("lean.last", version="1.0.0")
+async def last_step(ctx: flowx.StepContext, order: kit.Order) -> str:
+    raise flowx.NonRetryableError("the last step refuses")
+
+
+@flowx.capability("lean.undo_first", version="1.0.0")
+async def undo_first(ctx: flowx.StepContext, order: kit.Order) -> None:
+    UNDONE.append(("first", ctx.step_result))
+
+
+@flowx.capability("lean.undo_third", version="1.0.0")
+async def undo_third(ctx: flowx.StepContext, order: kit.Order) -> None:
+    UNDONE.append(("third", ctx.step_result))
+
+
+async def test_steps_with_no_compensation_are_not_kept_and_the_rest_are_undone_newest_first(
+    host_factory: Any,
+) -> None:
+    """The run keeps only the finished steps something can undo (``Run.keep``): a step with
+    no compensation between two that have one changes neither which are undone nor their
+    order, and each compensation still sees its own step's result."""
+    UNDONE.clear()
+    plan = (
+        flowx.flow("lean.kept", version="1", input=kit.Order, state=Noted)
+        .step(first_step, compensate=undo_first)
+        .step(middle_step, into="note")
+        .step(third_step, compensate=undo_third)
+        .step(last_step)
+        .build()
+    )
+    host = await host_factory(plan)
+    handle = await host.start(plan, kit.Order(order_id="k1"))
+    failed = await kit.failure_of(handle)
+    assert failed.state == "Failed"
+    assert UNDONE == [("third", "three"), ("first", "one")]
+    rows = await rows_of(host, handle.instance_id)
+    assert [(r.step_id, r.outcome) for r in rows] == [
+        (1, Outcome.SUCCESS),
+        (2, Outcome.SUCCESS),
+        (3, Outcome.SUCCESS),
+        (4, Outcome.FAILURE),
+        (3, Outcome.COMPENSATED),
+        (1, Outcome.COMPENSATED),
+    ]

@@ -40,7 +40,22 @@ class StepAttempt(NamedTuple):
 
 
 class StepContext:
-    """Passed as the first argument to every capability."""
+    """Passed as the first argument to every capability.
+
+    One is built for every attempt, most of which read little of it and draw nothing: the
+    attempt's ids stay in their tuple (read through properties) and what an attempt rarely
+    has — recorded draws, a compensated step's result — is set only when there is one, so the
+    usual context is two attribute writes, not fourteen."""
+
+    #: In a compensation: the result the compensated step returned (decoded JSON).
+    step_result: Any = None
+    #: Whether this attempt is a compensation.
+    compensating: bool = False
+    # What an earlier attempt of this step drew (replayed first), and what this one draws:
+    # built on the first draw.
+    _recorded: dict[str, list[Any]] | None = None
+    _replay: dict[str, list[Any]] | None = None
+    _drawn: dict[str, list[Any]] | None = None
 
     def __init__(
         self,
@@ -51,22 +66,46 @@ class StepContext:
         step_result: Any = None,
         compensating: bool = False,
     ) -> None:
-        self.instance_id = where.instance_id
-        self.flow_id = where.flow_id
-        self.flow_version = where.flow_version
-        self.scope = where.scope
-        self.step_id = where.step_id
-        self.step_name = where.step_name
-        self.attempt = where.attempt
-        self._generation = where.generation
-        #: In a compensation: the result the compensated step returned (decoded JSON).
-        self.step_result = step_result
-        self.compensating = compensating
+        self._where = where
         self._clock = clock
-        # Built on the first draw: most attempts draw nothing, and this runs on every one.
-        self._recorded = recorded
-        self._replay: dict[str, list[Any]] | None = None
-        self._drawn: dict[str, list[Any]] | None = None
+        if recorded is not None:
+            self._recorded = recorded
+        if step_result is not None:
+            self.step_result = step_result
+        if compensating:
+            self.compensating = True
+
+    @property
+    def instance_id(self) -> str:
+        return self._where.instance_id
+
+    @property
+    def flow_id(self) -> str:
+        return self._where.flow_id
+
+    @property
+    def flow_version(self) -> str:
+        return self._where.flow_version
+
+    @property
+    def scope(self) -> str:
+        """The step's scope: ``""`` at the top level, else the path of the for_each element
+        (or fork branch) it runs in."""
+        return self._where.scope
+
+    @property
+    def step_id(self) -> int:
+        return self._where.step_id
+
+    @property
+    def step_name(self) -> str:
+        return self._where.step_name
+
+    @property
+    def attempt(self) -> int:
+        """1 for the first try of this step; later tries (a retry, a re-execution after a
+        crash) count on from the attempts the journal holds."""
+        return self._where.attempt
 
     @property
     def idempotency_key(self) -> str:
@@ -78,7 +117,7 @@ class StepContext:
         succeeded is a new request, so it has a new key (``…/g1``, ``…/g2``), as does its
         compensation.
         """
-        generation = f"/g{self._generation}" if self._generation else ""
+        generation = f"/g{self._where.generation}" if self._where.generation else ""
         suffix = ":compensate" if self.compensating else ""
         return f"{self.instance_id}/{self.scope}/{self.step_id}{generation}{suffix}"
 

@@ -363,7 +363,7 @@ class InstanceRunner:
                     else None
                 ),
                 should_yield=(lambda: not ctx.accepting) if durable and not spec.undo else None,
-                guard=(lambda: lease.token) if lease is not None else None,
+                guard=lease.check if lease is not None else None,
                 stop=ctx.stops.watch(record) if durable and record is not None else None,
                 node_id=ctx.node_id,
             ),

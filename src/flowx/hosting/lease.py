@@ -103,6 +103,12 @@ class DurableLease:
     @property
     def token(self) -> int:
         """The fencing token, or ``LeaseLost`` if this node may no longer start work."""
+        self.check()
+        return self._lease.token
+
+    def check(self) -> None:
+        """``LeaseLost`` if this node may no longer start work: the run's guard before every
+        attempt (a bound method, not a lambda around ``token``: a call fewer a step)."""
         if self._released:
             raise LeaseLost(self._lease.instance_id, self._lease.token, "it was released")
         if self._lost is not None:
@@ -110,7 +116,6 @@ class DurableLease:
         if time.monotonic() >= self._live_until:
             self._lost = "no renewal was confirmed in time"
             raise LeaseLost(self._lease.instance_id, self._lease.token, self._lost)
-        return self._lease.token
 
     @property
     def fence_token(self) -> int:

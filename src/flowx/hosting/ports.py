@@ -187,7 +187,7 @@ class DurableWaits:
             except FlowXError as exc:
                 if exc.code != "sub_flow.child_busy":
                     raise
-            self._lease.token  # noqa: B018 - raises LeaseLost once this run may not write
+            self._lease.check()  # raises LeaseLost once this run may not write
             await self._ctx.clock.sleep(delay)
             delay = min(delay * 2, 5.0)
 

@@ -175,16 +175,21 @@ async def _call_until_done(
     failures: list[dict[str, Any]],
     a: Attempts,
 ) -> Any:
-    """Call the capability until it succeeds or the policy runs out; every try is a row."""
+    """Call the capability until it succeeds or the policy runs out; every try is a row.
+    A step's ``Attempts`` (``a``) keeps its generation while it runs: a replay changes it,
+    never an attempt."""
     key = (scope, node.step_id)
     attempt = a.last_attempt + 1
     drawn = a.last_failure_drawn
     while True:
-        ctx = run.context(node, scope, attempt, recorded=drawn)
+        ctx = run.context(node, scope, attempt, recorded=drawn, generation=a.generation)
         run.live()
         started = time.monotonic()
         try:
-            limit, by_deadline = attempt_limit(node.timeout, run.deadline_at, run.clock)
+            if node.timeout is None and run.deadline_at is None:  # unbounded: the usual one
+                limit, by_deadline = None, False
+            else:
+                limit, by_deadline = attempt_limit(node.timeout, run.deadline_at, run.clock)
             raw = await invoke_bounded(
                 cap,
                 ctx,
@@ -194,7 +199,7 @@ async def _call_until_done(
                 by_deadline=by_deadline,
                 # Only an attempt with a bound can overrun it and be named: not built per step.
                 what=f"step {node.name!r} ({cap.ref})" if limit is not None else "",
-                stop=run.stop_cut(by_cancel=True),
+                stop=run.step_cut,
             )
             # R9.5: checked here, so an unstorable result fails this step, never the commit.
             at = f"{scope}/{node.step_id}"

@@ -55,7 +55,7 @@ class Batcher(Generic[T, R]):
     ``one`` sends one write alone; ``many`` sends a batch of two or more in one statement and
     returns each write's outcome. ``key`` says which writes may not share a batch (the same
     instance); ``group`` which may (the same owner and TTL, say): a batch is the oldest write
-    and those behind it of its group.
+    and those behind it of its group (no ``group``: any may).
 
     A second batch goes out beside one in flight only once ``spill`` writes wait: below that,
     they wait for it and leave as one statement (measured: parks/s on PostgreSQL 1.3x those
@@ -70,7 +70,7 @@ class Batcher(Generic[T, R]):
         many: Callable[[list[T]], Awaitable[Sequence[R | Exception]]],
         *,
         key: Callable[[T], Hashable],
-        group: Callable[[T], Hashable] = lambda _: None,
+        group: Callable[[T], Hashable] | None = None,
         max_batch: int = 256,
         max_inflight: int = 4,
         spill: int = 32,
@@ -133,14 +133,16 @@ class Batcher(Generic[T, R]):
         self._dispatch(overdue=True)
 
     def _take(self) -> list[tuple[T, asyncio.Future[R]]]:
-        group = self._group(self._pending[0][0])
+        grouped = self._group
+        group = grouped(self._pending[0][0]) if grouped is not None else None
         batch: list[tuple[T, asyncio.Future[R]]] = []
         seen: set[Hashable] = set()
         kept: list[tuple[T, asyncio.Future[R]]] = []
+        key_of = self._key
         while self._pending and len(batch) < self._max_batch:
             entry = self._pending.popleft()
-            key = self._key(entry[0])
-            if key in seen or self._group(entry[0]) != group:
+            key = key_of(entry[0])
+            if key in seen or (grouped is not None and grouped(entry[0]) != group):
                 kept.append(entry)
                 continue
             seen.add(key)
