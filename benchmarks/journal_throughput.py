@@ -71,7 +71,7 @@ class TimedJournal:
         if isinstance(made, asyncio.Future):
             latencies = self.latencies
             made.add_done_callback(lambda _: latencies.append(time.perf_counter() - started))
-            return made  # type: ignore[no-any-return]
+            return made
         return self._timed(made, started)
 
     async def _timed(self, made: Awaitable[int | None], started: float) -> int | None:

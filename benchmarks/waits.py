@@ -45,6 +45,7 @@ from pydantic import BaseModel
 
 import flowx
 from flowx.stores.records import InstanceState
+from flowx.urls import take_params
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -354,7 +355,9 @@ def main() -> None:
         result = asyncio.run(run(url, args.instances, args.sleep, args.concurrency))
     finally:
         if own_schema is not None:
-            _drop_schema(args.store, own_schema)
+            _drop_schema(
+                take_params(args.store, lambda key: key.startswith("flowx_"))[0], own_schema
+            )
     out = {
         "benchmark": "waits",
         "store": backend,

@@ -16,7 +16,7 @@ from pydantic_core import SchemaValidator
 import flowx
 from flowx import codec
 from flowx.engine.history import History
-from flowx.engine.run import _ASSIGNS, _assigner, _copied
+from flowx.engine.run import _ASSIGNS, Run, _assigner, _copied
 from flowx.stores.records import Outcome, StepWrite
 from tests.engine import kit
 from tests.engine.kit import rows_of
@@ -388,3 +388,21 @@ async def test_steps_with_no_compensation_are_not_kept_and_the_rest_are_undone_n
         (3, Outcome.COMPENSATED),
         (1, Outcome.COMPENSATED),
     ]
+
+
+def test_a_run_keeps_for_its_saga_only_the_steps_something_can_undo() -> None:
+    """``Run.keep`` holds a finished step (its argument and result) only when it has a
+    compensation: the others would never be undone, so the run does not carry them."""
+    plan = (
+        flowx.flow("lean.keeps", version="1", input=kit.Order, state=Noted)
+        .step(first_step, compensate=undo_first)
+        .step(middle_step)
+        .build()
+    )
+    undoable, plain_step = plan.body
+    run = object.__new__(Run)  # only what ``keep`` reads: the history and the commit count
+    run.history = History(plan, "i-keeps", (), None)
+    run.commits = 0
+    run.keep(undoable, "", "argument", "one")  # type: ignore[arg-type]
+    run.keep(plain_step, "", "argument", "two")  # type: ignore[arg-type]
+    assert [(d.node, d.result) for d in run.history.done] == [(undoable, "one")]

@@ -77,14 +77,17 @@ class StepContext:
 
     @property
     def instance_id(self) -> str:
+        """The instance this attempt belongs to."""
         return self._where.instance_id
 
     @property
     def flow_id(self) -> str:
+        """The id of the flow the instance runs."""
         return self._where.flow_id
 
     @property
     def flow_version(self) -> str:
+        """The version of that flow."""
         return self._where.flow_version
 
     @property
@@ -95,10 +98,12 @@ class StepContext:
 
     @property
     def step_id(self) -> int:
+        """The step's id in its plan."""
         return self._where.step_id
 
     @property
     def step_name(self) -> str:
+        """The step's name in its plan."""
         return self._where.step_name
 
     @property

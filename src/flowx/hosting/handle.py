@@ -44,7 +44,6 @@ class HandleHost(Protocol):
 
 
 S = TypeVar("S", bound=BaseModel)
-T = TypeVar("T")
 
 
 class FlowHandle(Generic[S]):
@@ -92,7 +91,7 @@ class FlowHandle(Generic[S]):
         if running is not None:
             outcome: RunResult | None = None
             with contextlib.suppress(Exception):
-                outcome = await _watched(running)
+                outcome = await asyncio.shield(running)
             if outcome is not None and outcome.final_state is not None:
                 # This node ran it to the end: its result is what it committed.
                 return _finish(self._host, self.plan, self.instance_id, outcome)
@@ -107,28 +106,6 @@ class FlowHandle(Generic[S]):
                     codec.loads(record.error) if record.error else None,
                 )
             await asyncio.sleep(poll)
-
-
-def _watched(running: asyncio.Future[T]) -> asyncio.Future[T]:
-    """A future of this waiter's own that ``running`` settles: a caller cancelled while it
-    waits cancels only its own, never the run's outcome other handles wait on. What
-    ``asyncio.shield`` does, in two turns of the loop instead of three (its second callback
-    only takes the first off a run that outlives a cancelled waiter; here that callback
-    stays, and finds the waiter's future done)."""
-    mine: asyncio.Future[T] = running.get_loop().create_future()
-
-    def settle(done: asyncio.Future[T]) -> None:
-        if mine.done():
-            return
-        if done.cancelled():
-            mine.cancel()
-        elif (exc := done.exception()) is not None:
-            mine.set_exception(exc)
-        else:
-            mine.set_result(done.result())
-
-    running.add_done_callback(settle)
-    return mine
 
 
 def _final(host: HandleHost, plan: Plan[Any, S], instance_id: str, state_bag: str) -> S:
