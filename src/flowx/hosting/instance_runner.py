@@ -435,9 +435,9 @@ class InstanceRunner:
                 return None  # its end was committed before the journal fell silent
             await after_run(self._ctx, plan, record, result, timers=self.timers, wake=self.wake)
             await self._after_stop(iid, result)
-            # Committed: whoever waits for it has it now, not after the release below — and
-            # first: one turn of the loop lets the waiter's wake-up run before the release's
-            # statement is built and sent.
+            # Committed: whoever waits for it has it now, without waiting for the release
+            # below to be answered. One turn of the loop lets the outcome's callbacks run
+            # first; a waiter resumes in the turn after, while the release is under way.
             outcome.set_result(result)
             await asyncio.sleep(0)
             return result
